@@ -1,0 +1,1 @@
+"""radix: per-engine prefix index over token blocks, fed by engines' KV-cache events."""

@@ -1,0 +1,1 @@
+"""render: GPU-less OpenAI -> token-in rendering (tokenizer, chat template, sampling params)."""

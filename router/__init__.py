@@ -1,0 +1,1 @@
+"""router: OpenAI-compatible cache-aware router speaking vLLM's EngineCore protocol."""

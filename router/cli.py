@@ -1,0 +1,1 @@
+"""Entry point of the `kvroute` command: subcommands render, router, sim-engine."""

@@ -1,0 +1,1 @@
+"""tests package marker (shared helpers live in conftest.py)."""
