@@ -202,3 +202,69 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     ts: float
     events: list[KVEvent]
     data_parallel_rank: int | None = None
+
+
+# ---- headless-engine handshake (vllm/v1/engine/utils.py, core.py): plain msgpack MAPS ----
+
+
+class HandshakeStatus(msgspec.Struct, omit_defaults=True, gc=False):
+    """Engine -> frontend on the handshake socket: ``HELLO`` first, ``READY`` once serving."""
+
+    status: str
+    local: bool = False
+    headless: bool = True
+    parallel_config_hash: str | None = None
+
+
+class EngineZmqAddresses(msgspec.Struct, gc=False):
+    """Frontend sockets an engine connects to; a frontend's client_index is its list position."""
+
+    inputs: list[str]
+    outputs: list[str]
+    coordinator_input: str | None = None
+    coordinator_output: str | None = None
+    frontend_stats_publish_address: str | None = None
+
+
+class EngineHandshakeMetadata(msgspec.Struct, gc=False):
+    """Frontend -> engine answer to HELLO."""
+
+    addresses: EngineZmqAddresses
+    parallel_config: dict[str, Any] = {}
+
+
+class EngineReadyResponse(msgspec.Struct, gc=False):
+    """The engine's first message on the input socket (vLLM ``EngineCoreReadyResponse``, a map).
+
+    Everything has a default so that older or newer engines with other fields still decode.
+    """
+
+    max_model_len: int = 0
+    num_gpu_blocks: int = 0
+    block_size: int = 0
+    dp_stats_address: str | None = None
+    dtype: str = ""
+    vllm_version: str = ""
+    world_size: int = 1
+    data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    instance_id: str = ""
+    supports_lora: bool = False
+    max_loras: int = 0
+    mamba_block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    kv_events_config: dict[str, Any] | None = None
+    weight_transfer_backend: str | None = None
+    enable_sleep_mode: bool = False
+    supports_draft_weight_updates: bool = False
+    effective_attention_block_size: int | None = None
+
+
+# Utility call payload after REQ_UTILITY: [client_index, call_id, method_name, args].
+UtilityCall = tuple[int, int, str, tuple[Any, ...]]
