@@ -1,0 +1,160 @@
+"""The routing policy: which engine gets one tokenized request, and why (one small class)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+POLICIES = ("cache_aware", "shortest_queue", "round_robin", "power_of_two", "random")
+
+
+class PrefixMatch(Protocol):
+    @property
+    def optimistic_tokens(self) -> int: ...
+
+
+class PrefixMatcher(Protocol):
+    """The two calls of ``radix.PrefixIndex`` the policy needs."""
+
+    def match(
+        self, tokens: Sequence[int], namespace: Hashable, now: float
+    ) -> dict[str, PrefixMatch]: ...
+
+    def note_routed(
+        self, engine: str, tokens: Sequence[int], namespace: Hashable, now: float, ttl: float
+    ) -> object: ...
+
+
+class NoEngineError(Exception):
+    """No healthy engine with free capacity: the caller answers 503 / queues."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    name: str = "cache_aware"
+    # Cost is in prompt tokens: one token of outstanding prefill weighs load_weight tokens, and one
+    # running/queued request stands for request_tokens tokens of work (its decode steps).
+    load_weight: float = 1.0
+    request_tokens: float = 64.0
+    # How long a routed-but-not-yet-confirmed prefix counts as cached on its engine.
+    optimistic_ttl: float = 10.0
+    seed: int = 0
+    # SGLang's cache_aware knobs (None = off), for users who migrate from sgl-router.
+    cache_threshold: float | None = None
+    balance_abs_threshold: int | None = None
+    balance_rel_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"unknown policy {self.name!r}; choose one of {', '.join(POLICIES)}")
+        if self.load_weight < 0 or self.request_tokens < 0 or self.optimistic_ttl < 0:
+            raise ValueError("load_weight, request_tokens and optimistic_ttl must be >= 0")
+        if self.cache_threshold is not None and not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError("cache_threshold must be within [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """One engine's load as the router sees it at decision time."""
+
+    engine: str
+    in_flight: int = 0  # the router's own requests on this engine, not finished
+    pending_prefill_tokens: int = 0  # uncached prompt tokens of those not yet past prefill
+    engine_running: int = 0  # last scheduler_stats from the engine (lags by a step)
+    engine_waiting: int = 0
+
+    @property
+    def requests(self) -> int:
+        # The engine's counts include ours but lag; ours are fresh but miss other frontends.
+        return max(self.in_flight, self.engine_running + self.engine_waiting)
+
+    def work(self, request_tokens: float) -> float:
+        return self.pending_prefill_tokens + request_tokens * self.requests
+
+
+class Decision(NamedTuple):
+    engine: str
+    cached_tokens: int  # predicted prefix-cache hit on that engine, in prompt tokens
+    reason: str
+
+    def header(self) -> str:
+        return f"engine={self.engine}; cached={self.cached_tokens}; reason={self.reason}"
+
+
+class Policy:
+    """Chooses an engine; the cache_aware path is the default and reads top to bottom."""
+
+    def __init__(self, config: PolicyConfig, index: PrefixMatcher) -> None:
+        self.config = config
+        self.index = index
+        self._rng = random.Random(config.seed)
+        self._next = 0  # round-robin cursor (instance state, never shared)
+
+    def choose(
+        self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float
+    ) -> Decision:
+        """Pick among ``loads`` (healthy engines with capacity, any order) and note the route."""
+        if not loads:
+            raise NoEngineError("no healthy engine with free capacity")
+        ordered = sorted(loads, key=lambda load: load.engine)  # determinism across callers
+        cached = self._predicted_cached(tokens, namespace, now)
+        name = self.config.name
+        if name == "cache_aware":
+            load, reason = self._cache_aware(len(tokens), cached, ordered)
+        elif name == "shortest_queue":
+            load, reason = self._least_loaded(ordered), "shortest_queue"
+        elif name == "round_robin":
+            load, reason = ordered[self._next % len(ordered)], "round_robin"
+            self._next += 1
+        elif name == "power_of_two":
+            pair = self._rng.sample(ordered, 2) if len(ordered) > 1 else ordered
+            load, reason = self._least_loaded(sorted(pair, key=lambda x: x.engine)), "power_of_two"
+        else:
+            load, reason = self._rng.choice(ordered), "random"
+        self.index.note_routed(load.engine, tokens, namespace, now, self.config.optimistic_ttl)
+        return Decision(load.engine, cached.get(load.engine, 0), reason)
+
+    def _cache_aware(
+        self, n_tokens: int, cached: dict[str, int], loads: Sequence[EngineLoad]
+    ) -> tuple[EngineLoad, str]:
+        cfg = self.config
+        # 1. SGLang's escape hatch: a badly imbalanced fleet goes to the least loaded engine.
+        if cfg.balance_abs_threshold is not None and cfg.balance_rel_threshold is not None:
+            counts = [load.requests for load in loads]
+            if (
+                max(counts) - min(counts) > cfg.balance_abs_threshold
+                and max(counts) > min(counts) * cfg.balance_rel_threshold
+            ):
+                return self._least_loaded(loads), "imbalance"
+        # 2. SGLang's threshold rule: enough cached -> the longest holder, else the least loaded.
+        best = max((cached.get(load.engine, 0) for load in loads), default=0)
+        if cfg.cache_threshold is not None:
+            if best <= cfg.cache_threshold * n_tokens:
+                return self._least_loaded(loads), "below_cache_threshold"
+            holders = [load for load in loads if cached.get(load.engine, 0) == best]
+            return self._least_loaded(holders), "prefix_hit"
+        # 3. The cost: prompt tokens still to compute here + the work already queued here.
+        def cost(load: EngineLoad) -> tuple[float, int, str]:
+            uncached = n_tokens - cached.get(load.engine, 0)
+            return (uncached + cfg.load_weight * load.work(cfg.request_tokens), load.requests,
+                    load.engine)
+
+        choice = min(loads, key=cost)
+        hit = cached.get(choice.engine, 0)
+        if hit < best:
+            return choice, "spill"  # the holder of the longest prefix was too busy
+        return choice, "prefix_hit" if hit > 0 else "cold"
+
+    def _least_loaded(self, loads: Sequence[EngineLoad]) -> EngineLoad:
+        rt = self.config.request_tokens
+        return min(loads, key=lambda load: (load.requests, load.work(rt), load.engine))
+
+    def _predicted_cached(
+        self, tokens: Sequence[int], namespace: Hashable, now: float
+    ) -> dict[str, int]:
+        # vLLM always recomputes the last prompt token, so a full hit is at most len - 1.
+        cap = max(len(tokens) - 1, 0)
+        matches = self.index.match(tokens, namespace, now)
+        return {engine: min(m.optimistic_tokens, cap) for engine, m in matches.items()}
