@@ -1,0 +1,95 @@
+"""Per-engine link state kept by the engine client: sockets, health, in-flight requests, load."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from router.wire import EngineReadyResponse
+
+if TYPE_CHECKING:
+    from router.request_stream import RequestStream
+
+
+class EngineSpec(msgspec.Struct, frozen=True):
+    """Where the client binds for one engine.
+
+    ``handshake_address`` is what the engine is started with (``--data-parallel-address`` /
+    ``--data-parallel-rpc-port``); a TCP port 0 or ``*`` is resolved at bind time. The input and
+    output addresses are sent to the engine in the handshake, so they must be reachable from it.
+    """
+
+    name: str
+    handshake_address: str
+    input_address: str
+    output_address: str
+    dp_rank: int = 0
+
+
+class EngineStatus(enum.Enum):
+    CONNECTING = "connecting"  # nothing heard yet: waiting for a HELLO or a reconnecting engine
+    HANDSHAKING = "handshaking"  # HELLO answered, the engine is loading its model
+    READY = "ready"
+    DEAD = "dead"
+
+
+class LinkCounters(msgspec.Struct):
+    requests: int = 0
+    messages: int = 0
+    tokens: int = 0
+    stray_outputs: int = 0
+    decode_errors: int = 0
+    connects: int = 0
+    deaths: int = 0
+
+
+def _endpoint(sock: zmq.asyncio.Socket) -> str:
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    # A wildcard bind cannot be dialled; engines on this host reach it on loopback.
+    return endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+
+
+class EngineState:
+    """Everything the client knows about one engine; read by the router for health and load."""
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        handshake: zmq.asyncio.Socket,
+        input_socket: zmq.asyncio.Socket,
+        output_socket: zmq.asyncio.Socket,
+    ) -> None:
+        self.spec = spec
+        self.handshake = handshake
+        self.input = input_socket
+        self.output = output_socket
+        self.handshake_endpoint = _endpoint(handshake)
+        self.input_endpoint = _endpoint(input_socket)
+        self.output_endpoint = _endpoint(output_socket)
+        self.identity = spec.dp_rank.to_bytes(2, "little")
+        self.status = EngineStatus.CONNECTING
+        self.ready: EngineReadyResponse | None = None
+        self.adopted = False
+        self.death_reason: str | None = None
+        self.ready_event = asyncio.Event()
+        self.in_flight: dict[str, RequestStream] = {}
+        self.scheduler_stats: dict[str, Any] | None = None
+        self.last_output = 0.0
+        self.counters = LinkCounters()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.in_flight)
+
+    @property
+    def handshake_port(self) -> int:
+        """The TCP port to pass to the engine as ``--data-parallel-rpc-port``."""
+        return int(self.handshake_endpoint.rsplit(":", 1)[1])
+
+    def sockets(self) -> tuple[zmq.asyncio.Socket, ...]:
+        return (self.handshake, self.input, self.output)
