@@ -1,0 +1,174 @@
+"""Route one rendered request to an engine and open its streams, retrying once before any token."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from render.sampling import SamplingParams
+from router.admission import Admission, Overloaded
+from router.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
+from router.metrics import RouterMetrics
+from router.policy import Decision, NoEngineError, Policy
+from router.wire import EngineCoreOutput, EngineCoreRequest, LoRARequest
+
+log = logging.getLogger("kvroute.router")
+
+
+def namespace_of(lora_name: str | None, cache_salt: str | None) -> Hashable:
+    """Radix namespace: another LoRA or cache_salt never matches (vLLM's extra keys)."""
+    return None if lora_name is None and cache_salt is None else (lora_name, cache_salt)
+
+
+@dataclass(slots=True)
+class Routed:
+    """A request placed on an engine: its decision and one stream per choice, first output read."""
+
+    decision: Decision
+    uncached_tokens: int
+    streams: list[RequestStream]
+    first: list[EngineCoreOutput]
+    attempts: int = 1
+    _prefilled: bool = field(default=False)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.request_id for s in self.streams]
+
+    async def outputs(self, index: int) -> AsyncIterator[EngineCoreOutput]:
+        """Every output of choice ``index``, the already-read first one included."""
+        yield self.first[index]
+        if self.first[index].finished:
+            return
+        async for out in self.streams[index]:
+            yield out
+
+
+class Dispatcher:
+    """Chooses the engine (policy over healthy engines with free slots), submits, retries once."""
+
+    def __init__(self, client: EngineClient, policy: Policy, admission: Admission,
+                 metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.policy = policy
+        self.admission = admission
+        self.metrics = metrics
+        self.clock = clock
+
+    def healthy(self) -> list[str]:
+        return [n for n, e in self.client.engines.items() if e.status is EngineStatus.READY]
+
+    def _engine_stats(self, engine: str) -> tuple[int, int]:
+        stats = self.client.engines[engine].scheduler_stats or {}
+        return int(stats.get("num_running_reqs", 0)), int(stats.get("num_waiting_reqs", 0))
+
+    async def open(
+        self, request_id: str, tokens: Sequence[int], params: SamplingParams, *,
+        lora: LoRARequest | None = None, cache_salt: str | None = None, priority: int = 0,
+    ) -> Routed:
+        """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
+
+        Raises Overloaded (no slot / no engine) or EngineLinkError (failed twice before a token).
+        """
+        namespace = namespace_of(lora.lora_name if lora else None, cache_salt)
+        n = params.n
+        excluded: set[str] = set()
+        last_error: Exception | None = None
+        for attempt in (1, 2):
+            def candidates() -> list[str]:
+                return [e for e in self.admission.open_engines(self.healthy()) if e not in excluded]
+
+            if not [e for e in self.healthy() if e not in excluded]:
+                break
+            await self.admission.wait_for_slot(lambda: bool(candidates()))
+            loads = self.admission.loads(candidates(), self._engine_stats)
+            try:
+                decision = self.policy.choose(tokens, namespace, loads, self.clock())
+            except NoEngineError:
+                break
+            engine = decision.engine
+            uncached = len(tokens) - decision.cached_tokens
+            self.metrics.decisions.labels(self.policy.config.name, decision.reason, engine).inc()
+            log.info("route", extra={"request_id": request_id, "engine": engine,
+                                     "cached": decision.cached_tokens, "reason": decision.reason,
+                                     "prompt_tokens": len(tokens), "attempt": attempt})
+            children = _fan_out(request_id, tokens, params, n, lora, cache_salt, priority)
+            for _ in children:
+                self.admission.take(engine, uncached // n)
+            streams: list[RequestStream] = []
+            try:
+                for child in children:
+                    streams.append(await self.client.submit(engine, child))
+                first = list(await asyncio.gather(*(anext(s) for s in streams)))
+            except (EngineLinkError, StopAsyncIteration) as exc:
+                # Nothing reached the client yet: try another engine, once.
+                last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
+                with contextlib.suppress(EngineLinkError):
+                    await self.client.abort([c.request_id for c in children])
+                for _ in children:
+                    self.admission.prefilled(engine, uncached // n)
+                    self.admission.release(engine)
+                excluded.add(engine)
+                if attempt == 1:
+                    self.metrics.retries.inc()
+                log.warning("engine failed before the first token", extra={
+                    "request_id": request_id, "engine": engine, "error": str(exc)})
+                continue
+            for _ in children:
+                self.admission.prefilled(engine, uncached // n)
+            self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
+            self.metrics.predicted_cached.labels(engine).inc(decision.cached_tokens)
+            reported = _cached_tokens(first[0])
+            if reported is not None:
+                self.metrics.engine_cached.labels(engine).inc(reported)
+                self.metrics.prediction_error.observe(reported - decision.cached_tokens)
+            return Routed(decision, uncached, streams, first, attempt)
+        if last_error is not None:
+            raise last_error
+        raise Overloaded(503, "No healthy engine is available; retry later.",
+                         self.admission.retry_after)
+
+    def done(self, routed: Routed) -> None:
+        """Give the slots back (call once, whatever the outcome)."""
+        for _ in routed.streams:
+            self.admission.release(routed.decision.engine)
+        engine = routed.decision.engine
+        self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
+
+    async def abort(self, routed: Routed, cause: str) -> None:
+        pending = [s.request_id for s in routed.streams if not s.finished]
+        if pending:
+            self.metrics.aborts.labels(cause).inc(len(pending))
+            with contextlib.suppress(EngineLinkError):
+                await self.client.abort(pending)
+
+
+def _fan_out(request_id: str, tokens: Sequence[int], params: SamplingParams, n: int,
+             lora: LoRARequest | None, cache_salt: str | None, priority: int
+             ) -> list[EngineCoreRequest]:
+    now = time.time()
+    if n == 1:
+        return [EngineCoreRequest(request_id, list(tokens), None, params, None, now, lora,
+                                  cache_salt, None, priority=priority)]
+    out = []
+    for i in range(n):
+        # vLLM's ParentRequest: child i is "{i}_{id}" with n=1 and seed + i when seeded.
+        seed = None if params.seed is None else params.seed + i
+        child = msgspec.structs.replace(params, n=1, seed=seed)
+        out.append(EngineCoreRequest(f"{i}_{request_id}", list(tokens), None, child, None, now,
+                                     lora, cache_salt, None, priority=priority))
+    return out
+
+
+def _cached_tokens(out: EngineCoreOutput) -> int | None:
+    stats = out.prefill_stats
+    if stats is None:
+        return None
+    value = stats.get("num_cached_tokens")
+    return int(value) if isinstance(value, int) else None
