@@ -1,0 +1,347 @@
+"""Per-engine KV-event subscriber: SUB + replay DEALER, sequence tracking, feeding the prefix index.
+
+vLLM publishes ``[topic, seq (8-byte big-endian), msgpack(KVEventBatch)]`` on a PUB socket and keeps
+the last batches for replay on a ROUTER (``vllm/distributed/kv_events.py``). The subscriber:
+
+- follows vLLM's endpoint rule from the other side: the PUB binds wildcard (``*`` / ``::``), ipc and
+  inproc endpoints, so we connect to those; it connects to anything else, so we bind that;
+- on a sequence gap (seq > expected) replays from the first missing seq, then goes on;
+- on a duplicate (a seq already applied, same payload) skips the batch;
+- on a sequence reset (seq goes backwards with a different payload: the engine restarted) clears
+  that engine's index and rebuilds from the new sequence, replaying from 0 if it joined late;
+- counts and skips batches that fail to decode; never dies on bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+import xxhash
+import zmq
+import zmq.asyncio
+
+from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ext_hook
+
+END_SEQ = b"\xff" * 8
+# Batches remembered per engine (seq -> payload digest) to tell duplicates from restarts.
+DUP_WINDOW = 4096
+
+
+class KVEventSink(Protocol):
+    """What the subscriber feeds: ``radix.PrefixIndex`` satisfies it."""
+
+    def apply_stored(
+        self,
+        engine: str,
+        block_hashes: Sequence[int | bytes],
+        parent_block_hash: int | bytes | None,
+        token_ids: Sequence[int],
+        namespace: Hashable,
+        now: float,
+    ) -> Any: ...
+
+    def apply_removed(self, engine: str, block_hashes: Sequence[int | bytes]) -> Any: ...
+
+    def apply_cleared(self, engine: str) -> Any: ...
+
+
+def kv_namespace(lora_name: str | None, cache_salt: str | None) -> Hashable:
+    """The prefix-index namespace of a request; the router must build it the same way."""
+    if lora_name is None and cache_salt is None:
+        return None
+    return (lora_name, cache_salt)
+
+
+class KVEndpoints(msgspec.Struct, frozen=True):
+    """Where one engine publishes, as configured on the engine (``--kv-events-config``)."""
+
+    engine: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    # Host to dial when the engine binds a wildcard address.
+    host: str = "127.0.0.1"
+    dp_rank: int = 0
+
+    @classmethod
+    def from_config(
+        cls, engine: str, config: dict[str, Any], *, host: str = "127.0.0.1", dp_rank: int = 0
+    ) -> KVEndpoints:
+        """From the ``kv_events_config`` map of the engine's ready response."""
+        return cls(
+            engine=engine,
+            endpoint=str(config.get("endpoint") or "tcp://*:5557"),
+            replay_endpoint=config.get("replay_endpoint"),
+            topic=str(config.get("topic") or ""),
+            host=host,
+            dp_rank=dp_rank,
+        )
+
+
+def engine_binds(endpoint: str) -> bool:
+    """vLLM's ``ZmqEventPublisher._is_bind_endpoint``."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def offset_endpoint(endpoint: str, dp_rank: int) -> str:
+    """vLLM's per-DP-rank endpoint offset (TCP port + rank, inproc suffix)."""
+    if dp_rank == 0:
+        return endpoint
+    if "inproc" in endpoint:
+        return f"{endpoint}_dp{dp_rank}"
+    if "tcp" in endpoint and ":" in endpoint:
+        base, port = endpoint.rsplit(":", 1)
+        return endpoint if int(port) == 0 else f"{base}:{int(port) + dp_rank}"
+    return endpoint
+
+
+def dial_address(endpoint: str, host: str) -> str:
+    """The address to connect to for an endpoint the engine binds."""
+    if endpoint.startswith("tcp://"):
+        bound_host, port = endpoint[len("tcp://") :].rsplit(":", 1)
+        if bound_host in ("*", "0.0.0.0", "::", "[::]"):
+            return f"tcp://{host}:{port}"
+    return endpoint
+
+
+class KVCounters(msgspec.Struct):
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replayed_batches: int = 0
+    lost_batches: int = 0  # a gap replay could not fill (buffer overrun or no replay socket)
+    duplicates: int = 0
+    resets: int = 0
+    decode_errors: int = 0
+    last_seq: int | None = None
+    # Seconds between the engine stamping the last batch and us applying it.
+    lag: float = 0.0
+
+
+class _EngineFeed:
+    def __init__(self, spec: KVEndpoints, sub: zmq.asyncio.Socket, sub_address: str) -> None:
+        self.spec = spec
+        self.sub = sub
+        self.sub_address = sub_address
+        self.replay: zmq.asyncio.Socket | None = None
+        self.expected: int | None = None  # next seq; None until the first batch
+        self.recent: OrderedDict[int, int] = OrderedDict()
+        # Namespaces of salted chains: cache_salt rides only on a chain's first block.
+        self.salted: dict[int | bytes, Hashable] = {}
+        self.counters = KVCounters()
+        self.applied = asyncio.Event()  # set after every applied batch (tests wait on it)
+
+
+class KVSubscriber:
+    """Subscribes to many engines' KV events and applies them to ``sink``."""
+
+    def __init__(self, sink: KVEventSink, *, replay_timeout: float = 2.0) -> None:
+        self.sink = sink
+        self.replay_timeout = replay_timeout
+        self._ctx: zmq.asyncio.Context | None = None
+        self._feeds: dict[str, _EngineFeed] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._decoder = msgspec.msgpack.Decoder(KVEventBatch, ext_hook=ext_hook)
+
+    async def __aenter__(self) -> KVSubscriber:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+
+    async def close(self) -> None:
+        for name in list(self._feeds):
+            await self.remove_engine(name)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def counters(self, engine: str) -> KVCounters:
+        return self._feeds[engine].counters
+
+    def add_engine(self, spec: KVEndpoints) -> str:
+        """Open the engine's SUB (and replay DEALER); returns the SUB's bound/dialled address."""
+        if self._ctx is None:
+            raise RuntimeError("KVSubscriber.start() first")
+        if spec.engine in self._feeds:
+            raise ValueError(f"engine {spec.engine!r} already subscribed")
+        endpoint = offset_endpoint(spec.endpoint, spec.dp_rank)
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+        if engine_binds(endpoint):
+            address = dial_address(endpoint, spec.host)
+            sub.connect(address)
+        else:
+            sub.bind(endpoint)
+            address = sub.getsockopt_string(zmq.LAST_ENDPOINT)
+        feed = _EngineFeed(spec, sub, address)
+        if spec.replay_endpoint:
+            feed.replay = self._ctx.socket(zmq.DEALER)
+            replay = offset_endpoint(spec.replay_endpoint, spec.dp_rank)
+            feed.replay.connect(dial_address(replay, spec.host))
+        self._feeds[spec.engine] = feed
+        self._tasks[spec.engine] = asyncio.create_task(self._run(feed), name=f"kv-{spec.engine}")
+        return address
+
+    async def remove_engine(self, engine: str) -> None:
+        task = self._tasks.pop(engine, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        feed = self._feeds.pop(engine, None)
+        if feed is not None:
+            feed.sub.close(linger=0)
+            if feed.replay is not None:
+                feed.replay.close(linger=0)
+
+    async def wait_applied(self, engine: str, timeout: float) -> None:
+        """Wait for the next applied batch of ``engine`` (for tests and tools)."""
+        feed = self._feeds[engine]
+        feed.applied.clear()
+        await asyncio.wait_for(feed.applied.wait(), timeout)
+
+    async def _run(self, feed: _EngineFeed) -> None:
+        while True:
+            frames = await feed.sub.recv_multipart()
+            if len(frames) != 3 or len(frames[1]) != 8:
+                feed.counters.decode_errors += 1
+                continue
+            await self.on_batch(feed.spec.engine, int.from_bytes(frames[1], "big"), frames[2])
+
+    async def on_batch(self, engine: str, seq: int, payload: bytes) -> None:
+        """Sequence bookkeeping for one live batch, then apply it (public for tests)."""
+        feed = self._feeds[engine]
+        c = feed.counters
+        if feed.expected is not None and seq < feed.expected:
+            digest = feed.recent.get(seq)
+            if digest is not None and digest == xxhash.xxh3_64_intdigest(payload):
+                c.duplicates += 1
+                return
+            # The sequence went backwards with new content: a new engine process.
+            c.resets += 1
+            self._clear(feed)
+            feed.expected = 0
+        if feed.expected is not None and seq > feed.expected:
+            c.gaps += 1
+            await self._replay(feed, feed.expected)
+            if seq < feed.expected:
+                return  # the replay covered this batch
+            if seq > feed.expected:
+                c.lost_batches += seq - feed.expected
+        self._apply(feed, seq, payload)
+
+    async def _replay(self, feed: _EngineFeed, start: int) -> None:
+        if feed.replay is None:
+            return
+        feed.counters.replays += 1
+        await feed.replay.send_multipart((b"", start.to_bytes(8, "big")))
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await feed.replay.poll(int(left * 1000)):
+                # The replay socket may be wedged mid-answer: start afresh next time.
+                self._reset_replay_socket(feed)
+                return
+            frames = await feed.replay.recv_multipart()
+            if len(frames) != 4:
+                feed.counters.decode_errors += 1
+                continue
+            _, _topic, seq_bytes, payload = frames
+            if seq_bytes == END_SEQ:
+                return
+            seq = int.from_bytes(seq_bytes, "big")
+            expected = feed.expected if feed.expected is not None else 0
+            if seq < expected:
+                continue
+            if seq > expected:
+                # The engine's buffer no longer holds what we missed.
+                feed.counters.lost_batches += seq - expected
+            feed.counters.replayed_batches += 1
+            self._apply(feed, seq, payload)
+
+    def _reset_replay_socket(self, feed: _EngineFeed) -> None:
+        if feed.replay is None or self._ctx is None or not feed.spec.replay_endpoint:
+            return
+        feed.replay.close(linger=0)
+        feed.replay = self._ctx.socket(zmq.DEALER)
+        replay = offset_endpoint(feed.spec.replay_endpoint, feed.spec.dp_rank)
+        feed.replay.connect(dial_address(replay, feed.spec.host))
+
+    def _clear(self, feed: _EngineFeed) -> None:
+        feed.salted.clear()
+        feed.recent.clear()
+        self.sink.apply_cleared(feed.spec.engine)
+
+    def _apply(self, feed: _EngineFeed, seq: int, payload: bytes) -> None:
+        c = feed.counters
+        feed.expected = seq + 1
+        c.last_seq = seq
+        feed.recent[seq] = xxhash.xxh3_64_intdigest(payload)
+        if len(feed.recent) > DUP_WINDOW:
+            feed.recent.popitem(last=False)
+        try:
+            batch = self._decoder.decode(payload)
+        except (msgspec.DecodeError, ValueError):
+            c.decode_errors += 1
+            return
+        c.batches += 1
+        now = time.time()
+        # vLLM stamps batches with time.time(): lag is only meaningful on one host.
+        c.lag = max(0.0, now - batch.ts)
+        engine = feed.spec.engine
+        sink = self.sink
+        for ev in batch.events:
+            c.events += 1
+            if isinstance(ev, BlockStored):
+                if ev.kv_cache_spec_kind not in (None, "full_attention"):
+                    # Sliding-window / mamba groups never extend a prefix match.
+                    continue
+                ns = self._namespace(feed, ev)
+                sink.apply_stored(
+                    engine, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ns, now
+                )
+            elif isinstance(ev, BlockRemoved):
+                for h in ev.block_hashes:
+                    feed.salted.pop(h, None)
+                sink.apply_removed(engine, ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                feed.salted.clear()
+                sink.apply_cleared(engine)
+        feed.applied.set()
+
+    @staticmethod
+    def _namespace(feed: _EngineFeed, ev: BlockStored) -> Hashable:
+        salt: str | None = None
+        parent = ev.parent_block_hash
+        if parent is not None:
+            inherited = feed.salted.get(parent)
+            if inherited is not None:
+                ns = inherited
+                for h in ev.block_hashes:
+                    feed.salted[h] = ns
+                return ns
+        elif ev.extra_keys and ev.extra_keys[0]:
+            # vLLM's event extra keys of a first block: [lora_name?, mm..., cache_salt?]; the
+            # salt is the last plain string that is not the LoRA name.
+            for key in reversed(ev.extra_keys[0]):
+                if isinstance(key, str) and key != ev.lora_name:
+                    salt = key
+                    break
+        ns = kv_namespace(ev.lora_name, salt)
+        if salt is not None:
+            for h in ev.block_hashes:
+                feed.salted[h] = ns
+        return ns
