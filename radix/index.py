@@ -1,0 +1,385 @@
+"""PrefixIndex: which engine holds which token-block prefix, fed by the engines' own KV events.
+
+Layout (memory is the constraint: millions of blocks, <= 200 bytes each):
+- ``_nodes``: one dict, chained block key -> ``engine_mask << SEQ_BITS | seq``.  A block is one
+  key whatever engines hold it; the engines are bits, so a prompt is matched against every engine
+  in one walk over its blocks: O(len / block_size + engines), not O(engines x len).
+- per engine, ``hashes``: its opaque block hash -> our key (the same int object as the node key),
+  which is how removals and parent hashes are resolved.  vLLM's hash functions are never
+  reproduced: keys are our own xxh3 chain over the token ids the events carry.
+- ``seq`` is a logical clock, unique per node, renewed when a block is stored or matched; when the
+  index outgrows ``max_blocks`` the lowest seqs go first (least recently matched), in batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, token_bytes
+from radix.optimistic import Optimistic
+
+SEQ_BITS = 44
+SEQ_MASK = (1 << SEQ_BITS) - 1
+# Groups whose cached prefix can be resumed from any block boundary.  Sliding-window, chunked-local
+# and mamba groups keep only a tail, so their blocks must not extend a prefix match.
+FULL_ATTENTION_KINDS = frozenset({None, "full_attention", "mla_attention", "sink_full_attention"})
+# The engine's own KV cache; offload tiers (CPU, STORAGE) are not indexed.
+DEVICE_MEDIA = frozenset({None, "GPU"})
+
+BlockHash = bytes | int
+
+
+class Match(NamedTuple):
+    """Leading prompt tokens one engine holds: confirmed by events, and with optimistic blocks."""
+
+    confirmed_tokens: int
+    optimistic_tokens: int
+
+
+NO_MATCH = Match(0, 0)
+
+
+@dataclass(slots=True)
+class IndexStats:
+    stored_blocks: int = 0
+    removed_blocks: int = 0
+    evicted_blocks: int = 0
+    unknown_parent_events: int = 0
+    skipped_events: int = 0  # other attention kinds, groups or media, or malformed
+
+
+class _Engine:
+    __slots__ = ("name", "index", "bit", "block_size", "group", "group_known", "hashes")
+
+    def __init__(self, name: str, index: int, block_size: int | None) -> None:
+        self.name = name
+        self.index = index
+        self.bit = 1 << index
+        self.block_size = block_size
+        # The one full-attention KV-cache group indexed (vLLM reuses block hashes across groups).
+        self.group: int | None = None
+        self.group_known = False
+        self.hashes: dict[BlockHash, int] = {}
+
+
+def _norm(block_hash: BlockHash) -> BlockHash:
+    # 60 bits keep the int small (see keys.KEY_MASK); a clash inside one engine is ~1e-8.
+    return block_hash & KEY_MASK if isinstance(block_hash, int) else block_hash
+
+
+def _bits(mask: int) -> Iterator[int]:
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+class PrefixIndex:
+    """Per-engine cached token blocks.  Time is always passed in as ``now`` (non-decreasing)."""
+
+    def __init__(self, max_blocks: int) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        self.max_blocks = max_blocks
+        # Evicting to a low-water mark amortises the sort over max_blocks / 8 insertions.
+        self.low_water = max_blocks - max(1, max_blocks // 8)
+        self.stats = IndexStats()
+        self._nodes: dict[int, int] = {}
+        self._seq = 0
+        self._engines: dict[str, _Engine] = {}
+        self._by_index: dict[int, _Engine] = {}
+        self._free: list[int] = []
+        self._size_masks: dict[int, int] = {}
+        self._optimistic = Optimistic()
+
+    def __len__(self) -> int:
+        """Unique cached blocks (held confirmed by at least one engine)."""
+        return len(self._nodes)
+
+    # ---- engines ----
+
+    def add_engine(self, engine: str, block_size: int | None = None) -> None:
+        """Register an engine; ``block_size=None`` learns it from the first BlockStored."""
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        known = self._engines.get(engine)
+        if known is not None:
+            if block_size is not None and known.block_size not in (None, block_size):
+                raise ValueError(
+                    f"engine {engine!r} has block size {known.block_size}, not {block_size}; "
+                    "remove_engine() it first"
+                )
+            if known.block_size is None and block_size is not None:
+                self._set_block_size(known, block_size)
+            return
+        index = heapq.heappop(self._free) if self._free else len(self._by_index)
+        eng = _Engine(engine, index, None)
+        self._engines[engine] = self._by_index[index] = eng
+        if block_size is not None:
+            self._set_block_size(eng, block_size)
+
+    def remove_engine(self, engine: str) -> None:
+        eng = self._engines.pop(engine, None)
+        if eng is None:
+            return
+        self._clear(eng)
+        del self._by_index[eng.index]
+        heapq.heappush(self._free, eng.index)
+        if eng.block_size is not None:
+            mask = self._size_masks[eng.block_size] & ~eng.bit
+            if mask:
+                self._size_masks[eng.block_size] = mask
+            else:
+                del self._size_masks[eng.block_size]
+
+    def engines(self) -> dict[str, int | None]:
+        """Engine name -> block size (None until learned)."""
+        return {name: eng.block_size for name, eng in self._engines.items()}
+
+    def engine_blocks(self, engine: str) -> int:
+        """Block hashes this engine has announced and not removed."""
+        return len(self._engines[engine].hashes)
+
+    def _set_block_size(self, eng: _Engine, block_size: int) -> None:
+        eng.block_size = block_size
+        self._size_masks[block_size] = self._size_masks.get(block_size, 0) | eng.bit
+
+    # ---- KV events ----
+
+    def apply_stored(
+        self,
+        engine: str,
+        block_hashes: Sequence[BlockHash],
+        parent_block_hash: BlockHash | None,
+        token_ids: Sequence[int],
+        namespace: Hashable,
+        now: float,
+        *,
+        block_size: int | None = None,
+        extra_keys: Sequence[Any | None] | None = None,
+        group_idx: int | None = None,
+        kind: str | None = None,
+        medium: str | None = None,
+    ) -> int:
+        """Apply one BlockStored; returns the number of blocks indexed.
+
+        ``namespace`` only seeds chains that start at block 0 (no parent): a child continues its
+        parent's chain, which already carries the namespace.  ``extra_keys`` are the residual
+        per-block keys (see :func:`radix.namespace.split_event_extra_keys`).  A parent hash this
+        engine never announced (the router joined late) indexes nothing: no false match.
+        """
+        eng = self._engines[engine]
+        n = len(block_hashes)
+        if n == 0:
+            return 0
+        if kind not in FULL_ATTENTION_KINDS or medium not in DEVICE_MEDIA:
+            self.stats.skipped_events += 1
+            return 0
+        size = block_size if block_size is not None else len(token_ids) // n
+        if len(token_ids) != n * size or size < 1 or eng.block_size not in (None, size):
+            self.stats.skipped_events += 1
+            return 0
+        if not self._accept_group(eng, group_idx):
+            self.stats.skipped_events += 1
+            return 0
+        if eng.block_size is None:
+            self._set_block_size(eng, size)
+        if parent_block_hash is None:
+            seed: int | None = root_key(size, namespace)
+        else:
+            seed = eng.hashes.get(_norm(parent_block_hash))
+            if seed is None:
+                self.stats.unknown_parent_events += 1
+                return 0
+        try:
+            buf = token_bytes(token_ids)
+        except (OverflowError, TypeError):
+            self.stats.skipped_events += 1
+            return 0
+        keys = (
+            block_keys(buf, size, seed)
+            if not extra_keys
+            else block_keys_with_extras(buf, size, seed, extra_keys)
+        )
+        self._optimistic.purge(now)
+        opt = self._optimistic if self._optimistic else None
+        nodes, hashes, bit = self._nodes, eng.hashes, eng.bit
+        # Deeper blocks get the older seq, so a chain is evicted from its leaves inwards.
+        top = self._seq + n - 1
+        self._seq += n
+        for i, (block_hash, key) in enumerate(zip(block_hashes, keys, strict=True)):
+            h = _norm(block_hash)
+            old = hashes.get(h)
+            if old is not None and old != key:
+                self._clear_bit(old, eng)
+            hashes[h] = key
+            value = nodes.get(key)
+            mask = bit if value is None else (value >> SEQ_BITS) | bit
+            nodes[key] = (mask << SEQ_BITS) | (top - i)
+            if opt is not None:
+                opt.discard(key, eng.index)
+        self.stats.stored_blocks += n
+        if len(nodes) > self.max_blocks:
+            self._evict()
+        if self._seq > SEQ_MASK:
+            self._renumber()
+        return n
+
+    def apply_removed(
+        self,
+        engine: str,
+        block_hashes: Sequence[BlockHash],
+        *,
+        group_idx: int | None = None,
+        medium: str | None = None,
+    ) -> int:
+        """Apply one BlockRemoved; returns the number of known blocks dropped."""
+        eng = self._engines[engine]
+        if medium not in DEVICE_MEDIA or (
+            group_idx is not None and eng.group_known and group_idx != eng.group
+        ):
+            self.stats.skipped_events += 1
+            return 0
+        dropped = 0
+        for block_hash in block_hashes:
+            key = eng.hashes.pop(_norm(block_hash), None)
+            if key is None:
+                continue
+            self._clear_bit(key, eng)
+            self._optimistic.discard(key, eng.index)
+            dropped += 1
+        self.stats.removed_blocks += dropped
+        return dropped
+
+    def apply_cleared(self, engine: str) -> None:
+        """Apply AllBlocksCleared: the engine holds nothing, confirmed or optimistic."""
+        self._clear(self._engines[engine])
+
+    def _accept_group(self, eng: _Engine, group_idx: int | None) -> bool:
+        if group_idx is None:
+            return True
+        if not eng.group_known:
+            eng.group, eng.group_known = group_idx, True
+        return group_idx == eng.group
+
+    def _clear(self, eng: _Engine) -> None:
+        for key in eng.hashes.values():
+            self._clear_bit(key, eng)
+        eng.hashes.clear()
+        self._optimistic.drop_engine(eng.index)
+
+    def _clear_bit(self, key: int, eng: _Engine) -> None:
+        value = self._nodes.get(key)
+        if value is None:
+            return
+        mask = (value >> SEQ_BITS) & ~eng.bit
+        if mask:
+            self._nodes[key] = (mask << SEQ_BITS) | (value & SEQ_MASK)
+        else:
+            del self._nodes[key]
+
+    # ---- routing ----
+
+    def note_routed(
+        self, engine: str, tokens: Sequence[int], namespace: Hashable, now: float, ttl: float
+    ) -> int:
+        """Mark the full blocks of a prompt just routed to ``engine`` as optimistic until
+        ``now + ttl``; returns how many blocks were marked (confirmed ones need no mark)."""
+        eng = self._engines[engine]
+        size = eng.block_size
+        if size is None:
+            return 0
+        self._optimistic.purge(now)
+        nodes, bit, expiry, marked = self._nodes, eng.bit, now + ttl, 0
+        for key in block_keys(token_bytes(tokens), size, root_key(size, namespace)):
+            value = nodes.get(key)
+            if value is not None and (value >> SEQ_BITS) & bit:
+                continue
+            self._optimistic.add(key, eng.index, expiry)
+            marked += 1
+        return marked
+
+    def match(self, tokens: Sequence[int], namespace: Hashable, now: float) -> dict[str, Match]:
+        """Per engine, the leading prompt tokens cached: confirmed, and confirmed plus unexpired
+        optimistic.  Renews the blocks matched (confirmed) for the LRU."""
+        self._optimistic.purge(now)
+        out = dict.fromkeys(self._engines, NO_MATCH)
+        if not self._size_masks:
+            return out
+        buf = token_bytes(tokens)
+        for size, engines_mask in sorted(self._size_masks.items()):
+            confirmed, optimistic, touched = self._walk(buf, size, namespace, engines_mask, now)
+            for index, blocks in optimistic.items():
+                name = self._by_index[index].name
+                out[name] = Match(confirmed.get(index, 0) * size, blocks * size)
+            self._touch(touched)
+        return out
+
+    def _walk(
+        self, buf: bytes, size: int, namespace: Hashable, engines_mask: int, now: float
+    ) -> tuple[dict[int, int], dict[int, int], list[int]]:
+        get = self._nodes.get
+        opt = self._optimistic if self._optimistic else None
+        alive_c = alive_o = engines_mask
+        confirmed: dict[int, int] = {}
+        optimistic: dict[int, int] = {}
+        touched: list[int] = []
+        depth = 0
+        for key in block_keys(buf, size, root_key(size, namespace)):
+            value = get(key)
+            held = 0 if value is None else value >> SEQ_BITS
+            still_c = alive_c & held
+            if still_c != alive_c:
+                for index in _bits(alive_c ^ still_c):
+                    confirmed[index] = depth
+                alive_c = still_c
+            if opt is not None:
+                still_o = alive_o & (held | opt.mask(key, now))
+            else:
+                still_o = alive_c
+            if still_o != alive_o:
+                for index in _bits(alive_o ^ still_o):
+                    optimistic[index] = depth
+                alive_o = still_o
+            if not alive_o:
+                break
+            if alive_c:
+                touched.append(key)
+            depth += 1
+        for index in _bits(alive_c):
+            confirmed[index] = depth
+        for index in _bits(alive_o):
+            optimistic[index] = depth
+        return confirmed, optimistic, touched
+
+    # ---- LRU ----
+
+    def _touch(self, keys: list[int]) -> None:
+        if not keys:
+            return
+        nodes = self._nodes
+        top = self._seq + len(keys) - 1
+        self._seq += len(keys)
+        for i, key in enumerate(keys):
+            nodes[key] = (nodes[key] >> SEQ_BITS << SEQ_BITS) | (top - i)
+        if self._seq > SEQ_MASK:
+            self._renumber()
+
+    def _evict(self) -> None:
+        nodes = self._nodes
+        excess = len(nodes) - self.low_water
+        cut = sorted([value & SEQ_MASK for value in nodes.values()])[excess - 1]
+        doomed = [key for key, value in nodes.items() if value & SEQ_MASK <= cut]
+        for key in doomed:
+            del nodes[key]
+        self.stats.evicted_blocks += len(doomed)
+
+    def _renumber(self) -> None:
+        # Only after 2**44 renewals; the order (all LRU needs) is kept.
+        ranked = sorted(self._nodes.items(), key=lambda item: item[1] & SEQ_MASK)
+        for seq, (key, value) in enumerate(ranked):
+            self._nodes[key] = (value >> SEQ_BITS << SEQ_BITS) | seq
+        self._seq = len(ranked)
