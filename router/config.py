@@ -38,6 +38,7 @@ class Limits:
     max_body_bytes: int = 16 * 1024 * 1024
     engine_ready_timeout: float = 600.0  # handshake wait at start (real engines load for minutes)
     drain_timeout: float = 30.0  # graceful shutdown: streams get this long to finish
+    max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -14,16 +14,12 @@ import msgspec
 from render.sampling import SamplingParams
 from router.admission import Admission, Overloaded
 from router.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
+from router.kv_subscriber import kv_namespace
 from router.metrics import RouterMetrics
 from router.policy import Decision, NoEngineError, Policy
 from router.wire import EngineCoreOutput, EngineCoreRequest, LoRARequest
 
 log = logging.getLogger("kvroute.router")
-
-
-def namespace_of(lora_name: str | None, cache_salt: str | None) -> Hashable:
-    """Radix namespace: another LoRA or cache_salt never matches (vLLM's extra keys)."""
-    return None if lora_name is None and cache_salt is None else (lora_name, cache_salt)
 
 
 @dataclass(slots=True)
@@ -76,7 +72,7 @@ class Dispatcher:
 
         Raises Overloaded (no slot / no engine) or EngineLinkError (failed twice before a token).
         """
-        namespace = namespace_of(lora.lora_name if lora else None, cache_salt)
+        namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
         n = params.n
         excluded: set[str] = set()
         last_error: Exception | None = None
