@@ -1,0 +1,174 @@
+"""Incremental detokenization of engine tokens: the text equals tokenizer.decode(all ids) exactly.
+
+Two interchangeable implementations behind one factory, ``TokenDecoder``, built once per model:
+
+- ``StreamDetokenizer`` wraps ``tokenizers.decoders.DecodeStream`` and works for every tokenizer.
+  DecodeStream withholds text while the last tokens end in an incomplete UTF-8 sequence; at the
+  end of a request ``flush()`` releases what ``decode()`` would show there (U+FFFD).
+- ``ByteLevelDetokenizer`` is the fast path for byte-level BPE tokenizers (Qwen, Llama 3, GPT-2
+  family, gpt-oss): there ``decode(ids)`` is by definition the lossy UTF-8 decoding of the
+  concatenated token bytes, so a per-id bytes table and Python's incremental UTF-8 decoder give
+  the same text for a fraction of the cost (measured in bench/router_pipeline.py). The property
+  test in tests/test_pipeline_detokenize.py holds both to ``tokenizer.decode``.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Protocol
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+# DecodeStream needs a few tokens of context to know the leading-space and byte-merging state of
+# the next token; vLLM seeds its detokenizer with the prompt tail for the same reason.
+PROMPT_CONTEXT_TOKENS = 6
+# Context re-decoded when flushing withheld bytes: enough for a 4-byte character plus a marker.
+FLUSH_CONTEXT_TOKENS = 5
+
+
+class Detokenizer(Protocol):
+    def step(self, token_id: int) -> str:
+        """Feed one token; return the newly decodable text ("" while bytes are incomplete)."""
+        ...
+
+    def flush(self) -> str:
+        """End of the request: return text still withheld (incomplete UTF-8 shows as U+FFFD)."""
+        ...
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the printable character standing for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+class StreamDetokenizer:
+    """DecodeStream for any tokenizer, with an exact flush of withheld bytes."""
+
+    __slots__ = ("_tok", "_stream", "_skip", "_ids", "_pending")
+
+    def __init__(self, tok: Tokenizer, skip_special_tokens: bool, prompt_tail: Sequence[int]):
+        self._tok = tok
+        self._skip = skip_special_tokens
+        tail = list(prompt_tail[-PROMPT_CONTEXT_TOKENS:])
+        self._stream = DecodeStream(tail, skip_special_tokens=skip_special_tokens)
+        self._ids: list[int] = tail
+        self._pending = 0  # tokens fed since DecodeStream last returned text
+
+    def step(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        text = self._stream.step(self._tok, token_id)
+        if text is None:
+            self._pending += 1
+            return ""
+        self._pending = 0
+        return text
+
+    def flush(self) -> str:
+        if not self._pending:
+            return ""
+        ids = self._ids
+        start = max(0, len(ids) - self._pending - FLUSH_CONTEXT_TOKENS)
+        ctx = ids[start : len(ids) - self._pending]
+        dec = self._tok.decode
+        full = dec(ids[start:], skip_special_tokens=self._skip)
+        before = dec(ctx, skip_special_tokens=self._skip)
+        self._pending = 0
+        return full[len(before) :] if full.startswith(before) else full
+
+
+class ByteLevelDetokenizer:
+    """Byte-level BPE: a table lookup and an incremental UTF-8 decode per token."""
+
+    __slots__ = ("_table", "_decode")
+
+    def __init__(self, table: Sequence[bytes]):
+        self._table = table
+        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+
+    def step(self, token_id: int) -> str:
+        try:
+            data = self._table[token_id]
+        except IndexError:
+            return ""  # tokenizers' decode skips ids outside the vocabulary
+        return self._decode(data)
+
+    def flush(self) -> str:
+        return self._decode(b"", True)
+
+
+class TokenDecoder:
+    """Per-model detokenization state shared by all requests: tables and per-id strings."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+        self._raw: list[bytes] | None = None
+        self._no_special: list[bytes] | None = None
+        if type(tokenizer.decoder).__name__ == "ByteLevel":
+            self._raw = self._byte_table(size)
+            self._no_special = [
+                b"" if i in self.special_ids else b for i, b in enumerate(self._raw)
+            ]
+        self._text_cache: dict[int, str] = {}
+
+    def _byte_table(self, size: int) -> list[bytes]:
+        # Mirrors tokenizers' ByteLevel decoder: a piece whose characters all stand for bytes
+        # becomes those bytes, any other piece (e.g. an added token) its own UTF-8.
+        byte_of = _byte_decoder()
+        table = [b""] * size
+        for piece, i in self.tokenizer.get_vocab(with_added_tokens=True).items():
+            try:
+                table[i] = bytes([byte_of[c] for c in piece])
+            except KeyError:
+                table[i] = piece.encode()
+        return table
+
+    @property
+    def byte_level(self) -> bool:
+        return self._raw is not None
+
+    def new(
+        self,
+        *,
+        skip_special_tokens: bool = True,
+        prompt_tail: Sequence[int] = (),
+        fast: bool = True,
+    ) -> Detokenizer:
+        """A detokenizer for one output sequence; ``fast=False`` forces DecodeStream."""
+        if fast and self._raw is not None and self._no_special is not None:
+            return ByteLevelDetokenizer(self._no_special if skip_special_tokens else self._raw)
+        return StreamDetokenizer(self.tokenizer, skip_special_tokens, prompt_tail)
+
+    def token_text(self, token_id: int) -> str:
+        """One token decoded alone, as vLLM shows it in logprobs (``decode([id])``)."""
+        text = self._text_cache.get(token_id)
+        if text is None:
+            if self._raw is not None:
+                raw = self._raw[token_id] if 0 <= token_id < len(self._raw) else b""
+                text = raw.decode("utf-8", "replace")
+            else:
+                text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._text_cache[token_id] = text
+        return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes: for byte-level BPE the raw bytes (a partial UTF-8 character
+        stays partial, so a client concatenating them recovers the exact text)."""
+        if self._raw is not None and 0 <= token_id < len(self._raw):
+            return self._raw[token_id]
+        return self.token_text(token_id).encode()
