@@ -1,0 +1,1 @@
+"""router.sim: `kvroute sim-engine`, a simulated vLLM engine speaking the real engine protocol."""
