@@ -80,6 +80,7 @@ class UtilityCallError(EngineLinkError):
 
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
+READY_MAP_WAIT_MS = 5000
 
 
 class _Phase(enum.Enum):
@@ -384,16 +385,11 @@ class EngineClient:
         try:
             while True:
                 events = dict(await poller.poll(timeout=int(self.probe_interval * 1000)))
+                if eng.input in events:
+                    await self._recv_ready_response(eng)
                 if eng.handshake in events:
                     ident, payload = await eng.handshake.recv_multipart()
                     await self._on_handshake(eng, ident, payload)
-                if eng.input in events:
-                    ident, payload = await eng.input.recv_multipart()
-                    try:
-                        eng.ready = self._ready_decoder.decode(payload)
-                        eng.identity = ident
-                    except msgspec.DecodeError:
-                        eng.counters.decode_errors += 1
                 if eng.status is EngineStatus.CONNECTING and (probe is None or probe.done()):
                     probe = asyncio.create_task(self._probe(eng))
         finally:
@@ -401,6 +397,14 @@ class EngineClient:
                 probe.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await probe
+
+    async def _recv_ready_response(self, eng: EngineState) -> None:
+        ident, payload = await eng.input.recv_multipart()
+        try:
+            eng.ready = self._ready_decoder.decode(payload)
+            eng.identity = ident
+        except msgspec.DecodeError:
+            eng.counters.decode_errors += 1
 
     async def _probe(self, eng: EngineState) -> None:
         # An engine that outlived a router restart reconnects its DEALER and PUSH to our
@@ -421,12 +425,17 @@ class EngineClient:
                 # A new engine process under this name: whatever the old one held is lost.
                 self._engine_died(eng, "the engine restarted (new handshake)")
             eng.status = EngineStatus.HANDSHAKING
+            eng.ready = None
             eng.ready_event.clear()
             meta = EngineHandshakeMetadata(
                 EngineZmqAddresses(inputs=[eng.input_endpoint], outputs=[eng.output_endpoint])
             )
             await eng.handshake.send_multipart((ident, msgspec.msgpack.encode(meta)))
         elif status.status == "READY":
+            # The ready map left on the input socket before READY, but the two sockets do not
+            # order against each other: READY may overtake it.
+            if eng.ready is None and await eng.input.poll(READY_MAP_WAIT_MS):
+                await self._recv_ready_response(eng)
             self._mark_ready(eng, adopted=False)
 
     def _mark_ready(self, eng: EngineState, *, adopted: bool) -> None:

