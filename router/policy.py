@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -20,7 +20,7 @@ class PrefixMatcher(Protocol):
 
     def match(
         self, tokens: Sequence[int], namespace: Hashable, now: float
-    ) -> dict[str, PrefixMatch]: ...
+    ) -> Mapping[str, PrefixMatch]: ...
 
     def note_routed(
         self, engine: str, tokens: Sequence[int], namespace: Hashable, now: float, ttl: float

@@ -1,0 +1,153 @@
+"""HTTP handlers of the router: render, open on an engine, then stream (or collect) the answer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from render.errors import BadRequestError
+from render.protocol import GenerateRequest
+from render.server import json_response, read_body, run_render
+from router.config import EngineSpec
+from router.pipeline import CHAT, COMPLETION, GENERATE, PipelineSpec
+from router.respond import EngineResponse
+
+# vLLM's detokenizer seeds non-byte-level decoding with the last few prompt tokens.
+PROMPT_TAIL = 6
+
+
+class AbortRequests(msgspec.Struct):
+    request_ids: list[str]
+
+
+class JoinEngine(msgspec.Struct):
+    name: str
+    handshake: str
+    kv_events: str | None = None
+    replay: str | None = None
+    topic: str = ""
+
+
+def _stop(value: str | list[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpec:
+    sp = gen.sampling_params
+    opts = gen.stream_options
+    return PipelineSpec(
+        kind=kind, request_id=gen.request_id, model=model, created=int(time.time()),
+        prompt_tokens=len(gen.token_ids), n=sp.n, stop=_stop(sp.stop),
+        include_stop_str_in_output=sp.include_stop_str_in_output,
+        skip_special_tokens=sp.skip_special_tokens, min_tokens=sp.min_tokens,
+        logprobs=sp.logprobs, detokenize=sp.detokenize,
+        include_usage=bool(opts and opts.include_usage),
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        prompt_tail=tuple(gen.token_ids[-PROMPT_TAIL:]), **kw,
+    )
+
+
+async def _open(request: Request, gen: GenerateRequest, spec: PipelineSpec, stream: bool,
+                decoder: Any) -> EngineResponse:
+    st = request.state
+    routed = await st.dispatcher.open(
+        gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
+        priority=gen.priority)
+    st.router_metrics.prompt_tokens.inc(len(gen.token_ids))
+    return EngineResponse(st, routed, spec, decoder, stream)
+
+
+async def chat_completions(request: Request) -> Any:
+    st = request.state
+    arrival = time.perf_counter()
+    body = await read_body(request, st.config.max_body_bytes)
+    req = st.codecs.chat.decode(body)
+    renderer = st.models.get(req.model)
+    if st.remote is not None:
+        gen = await st.remote.render_chat(body)
+    else:
+        gen = await run_render(request, len(body), renderer.render_chat, req)
+    spec = _spec(CHAT, gen, renderer.served_model_name,
+                 return_token_ids=bool(req.return_token_ids))
+    decoder = st.decoders[renderer.served_model_name]
+    resp = await _open(request, gen, spec, bool(req.stream), decoder)
+    resp.arrival = arrival
+    return resp
+
+
+async def completions(request: Request) -> Any:
+    st = request.state
+    arrival = time.perf_counter()
+    body = await read_body(request, st.config.max_body_bytes)
+    req = st.codecs.completion.decode(body)
+    renderer = st.models.get(req.model)
+    if st.remote is not None:
+        gens = await st.remote.render_completion(body)
+    else:
+        gens = await run_render(request, len(body), renderer.render_completion, req)
+    if len(gens) != 1:
+        raise BadRequestError("kvroute serves one prompt per completions request; send a "
+                              "request per prompt.", "prompt")
+    gen = gens[0]
+    echo = None
+    if req.echo:
+        echo = renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+    spec = _spec(COMPLETION, gen, renderer.served_model_name, echo=echo,
+                 return_token_ids=bool(req.return_token_ids))
+    decoder = st.decoders[renderer.served_model_name]
+    resp = await _open(request, gen, spec, bool(req.stream), decoder)
+    resp.arrival = arrival
+    return resp
+
+
+async def generate(request: Request) -> Any:
+    """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text) out."""
+    st = request.state
+    arrival = time.perf_counter()
+    body = await read_body(request, st.config.max_body_bytes)
+    gen = st.generate_decoder.decode(body)
+    renderer = st.models.get(gen.model)
+    vocab = renderer.vocab_size
+    if not gen.token_ids:
+        raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
+    if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
+        raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
+    if len(gen.token_ids) >= renderer.max_model_len:
+        raise BadRequestError(
+            f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
+            f"your request has {len(gen.token_ids)} input tokens.", "token_ids")
+    spec = _spec(GENERATE, gen, renderer.served_model_name, output_mode=gen.output_mode,
+                 return_token_ids=bool(gen.return_token_ids),
+                 prompt_token_ids=gen.token_ids if gen.return_token_ids else None)
+    resp = await _open(request, gen, spec, bool(gen.stream),
+                       st.decoders[renderer.served_model_name])
+    resp.arrival = arrival
+    return resp
+
+
+async def abort_requests(request: Request) -> Response:
+    st = request.state
+    body = await read_body(request, st.config.max_body_bytes)
+    req = msgspec.json.decode(body, type=AbortRequests)
+    for rid in req.request_ids:
+        routed = st.active.get(rid)
+        if routed is not None:
+            await st.dispatcher.abort(routed, "abort_requests")
+    return Response(b"", status_code=200)
+
+
+async def add_engine(request: Request) -> Response:
+    """An engine joins at run time: bind its handshake address; start the engine against it."""
+    st = request.state
+    body = await read_body(request, 64 * 1024)
+    req = msgspec.json.decode(body, type=JoinEngine)
+    if req.name in st.client.engines:
+        raise BadRequestError(f"engine {req.name!r} already exists", "name")
+    spec = EngineSpec(req.name, req.handshake, req.kv_events, req.replay, req.topic)
+    return json_response(request, {"name": req.name, "handshake": st.fleet.join(spec)})

@@ -1,0 +1,147 @@
+"""The answer to one routed request: SSE stream or collected body, with aborts and bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from router.collect import collect
+from router.dispatch import Routed
+from router.engine_client import EngineLinkError
+from router.pipeline import EngineOutputError, Pipeline, PipelineSpec
+from router.sse import SSEResponse, error_response, sse_stream
+from router.wire import EngineCoreOutput
+
+_JSON = msgspec.json.Encoder()
+
+
+class EngineResponse:
+    """An ASGI app: runs the pipeline over the routed request's outputs and writes the answer."""
+
+    def __init__(self, state: Any, routed: Routed, spec: PipelineSpec, decoder: Any,
+                 stream: bool) -> None:
+        self.st = state
+        self.routed = routed
+        self.spec = spec
+        self.decoder = decoder
+        self.stream = stream
+        self.arrival = time.perf_counter()
+        self.first_token_at = time.perf_counter()  # open() returned with every first output
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        st, routed = self.st, self.routed
+        pipeline = Pipeline(self.spec, self.decoder)
+        route = routed.decision.header().encode()
+        st.active[self.spec.request_id] = routed
+        st.lifecycle.enter()
+        status = "200"
+        try:
+            if self.stream:
+                body = sse_stream(pipeline, self._outputs(), self._abort_choice)
+                sse = SSEResponse(body, headers=[(b"x-kvroute-route", route)],
+                                  on_disconnect=self._client_left)
+                await sse(scope, receive, send)
+                if sse.disconnected:
+                    status = "499"
+                elif not pipeline.done:
+                    status = "stream_error"  # ended with an in-band error event
+                    st.router_metrics.stream_errors.inc()
+            else:
+                status = await self._collected(pipeline, route, receive, send)
+        finally:
+            await self.st.dispatcher.abort(routed, "unfinished")
+            st.dispatcher.done(routed)
+            st.active.pop(self.spec.request_id, None)
+            st.lifecycle.leave()
+            self._observe(pipeline, scope["path"], status)
+
+    async def _collected(self, pipeline: Pipeline, route: bytes, receive: Any, send: Any) -> str:
+        work = asyncio.ensure_future(collect(pipeline, self._outputs(), self._abort_choice))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            await self._client_left()
+            return "499"
+        headers = [(b"content-type", b"application/json"), (b"x-kvroute-route", route)]
+        try:
+            body, code = _JSON.encode(work.result()), 200
+        except EngineOutputError as exc:
+            body, code = _JSON.encode(error_response(str(exc), exc.code)), exc.code
+        except EngineLinkError as exc:
+            body = _JSON.encode(error_response(f"Engine failed: {exc}", 503,
+                                               "ServiceUnavailable"))
+            code = 503
+        await send({"type": "http.response.start", "status": code, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        return str(code)
+
+    async def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
+        routed = self.routed
+        if len(routed.streams) == 1:
+            async for out in routed.outputs(0):
+                yield 0, out
+            return
+        # n > 1: the choices run concurrently on the engine; interleave them as they come.
+        queue: asyncio.Queue[tuple[int, EngineCoreOutput] | BaseException | None] = (
+            asyncio.Queue())
+
+        async def pump(i: int) -> None:
+            try:
+                async for out in routed.outputs(i):
+                    queue.put_nowait((i, out))
+            except BaseException as exc:
+                queue.put_nowait(exc)
+                raise
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(routed.streams))]
+        try:
+            running = len(tasks)
+            while running:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _abort_choice(self, index: int) -> None:
+        """The pipeline ended choice ``index`` on a stop string: the engine must stop too."""
+        stream = self.routed.streams[index]
+        with contextlib.suppress(EngineLinkError):
+            await self.st.client.abort([stream.request_id])
+        self.st.router_metrics.aborts.labels("stop_string").inc()
+
+    async def _client_left(self) -> None:
+        await self.st.dispatcher.abort(self.routed, "client_disconnect")
+
+    def _observe(self, pipeline: Pipeline, path: str, status: str) -> None:
+        m = self.st.router_metrics
+        now = time.perf_counter()
+        m.requests.labels(path, status).inc()
+        m.ttft.observe(self.first_token_at - self.arrival)
+        m.e2e.observe(now - self.arrival)
+        tokens = pipeline.usage().completion_tokens
+        m.generation_tokens.inc(tokens)
+        if tokens > 1:
+            m.tpot.observe((now - self.first_token_at) / (tokens - 1))
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
