@@ -1,0 +1,61 @@
+"""Render errors: one small hierarchy the HTTP layer maps to OpenAI's error JSON.
+
+    RenderError(status, message, type, param)      base; `status` is the HTTP status to answer with
+     ├── BadRequestError        400  invalid_request_error  (bad fields, template refusals)
+     │    └── ContextLengthError 400  prompt/max_tokens beyond the context
+     ├── ModelNotFoundError     404  NotFoundError          (unknown `model`)
+     └── TemplateUnavailableError 400 no chat template / request template not allowed
+
+The HTTP layer renders any of them as ``{"error": {"message", "type", "param", "code": status}}``.
+"""
+
+from __future__ import annotations
+
+
+class RenderError(Exception):
+    """An error the client caused, with the HTTP status and OpenAI error type to report."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+
+    def to_dict(self) -> dict[str, object]:
+        """OpenAI's error body."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.status}, {self.message!r}, param={self.param!r})"
+
+
+class BadRequestError(RenderError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(400, message, "BadRequestError", param)
+
+
+class ContextLengthError(BadRequestError):
+    """The prompt, or the prompt plus max_tokens, does not fit in the model's context."""
+
+
+class TemplateUnavailableError(BadRequestError):
+    """No chat template for this model, or a request template the operator did not allow."""
+
+
+class ModelNotFoundError(RenderError):
+    def __init__(self, model: str) -> None:
+        super().__init__(404, f"The model `{model}` does not exist.", "NotFoundError", "model")

@@ -1,0 +1,284 @@
+"""OpenAI/vLLM request fields -> ``render.sampling.SamplingParams``, as vLLM's frontend builds them.
+
+Follows vLLM 0.32: ``get_max_tokens`` (max_tokens defaults to the remaining context, and may not
+exceed it), ``ChatCompletionRequest/CompletionRequest.to_sampling_params`` (request value, else the
+model's generation_config default, else OpenAI's), ``SamplingParams.__post_init__`` (range checks,
+stop as a list, greedy resets) and the engine-side ``update_from_generation_config`` that fills
+``_eos_token_id``/``_all_stop_token_ids``/``stop_token_ids``: an engine fed our map stops where
+vLLM's own frontend would make it stop. Stop strings are kept (vllm-rs drops them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import msgspec
+
+from render.errors import BadRequestError, ContextLengthError
+from render.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from render.sampling import (
+    OUTPUT_DELTA,
+    OUTPUT_FINAL_ONLY,
+    SamplingParams,
+    StructuredOutputsParams,
+)
+
+# Keys vLLM takes from generation_config.json (``ModelConfig.get_diff_sampling_param``).
+GENERATION_DEFAULT_KEYS = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_new_tokens",
+)
+_OPENAI_DEFAULTS: dict[str, float | int] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+}
+_SAMPLING_EPS = 1e-5
+_MAX_TEMP = 1e-2
+
+
+def default_sampling_params(generation_config: dict[str, Any]) -> dict[str, Any]:
+    """The model's sampling defaults (``max_new_tokens`` renamed ``max_tokens``)."""
+    if not any(k in generation_config for k in GENERATION_DEFAULT_KEYS):
+        return {}
+    out = {
+        k: generation_config[k]
+        for k in GENERATION_DEFAULT_KEYS
+        if generation_config.get(k) is not None
+    }
+    if "max_new_tokens" in out:
+        out["max_tokens"] = out.pop("max_new_tokens")
+    return out
+
+
+def max_tokens_for(
+    max_model_len: int,
+    requested: int | None,
+    prompt_len: int,
+    defaults: dict[str, Any],
+    param: str,
+) -> int:
+    """vLLM's ``get_max_tokens``; asking beyond the context is an error naming both numbers."""
+    if prompt_len > max_model_len:
+        raise ContextLengthError(
+            f"The prompt is {prompt_len} tokens long, which exceeds this model's maximum "
+            f"context length of {max_model_len} tokens.",
+            "messages" if param == "max_completion_tokens" else "prompt",
+        )
+    remaining = max_model_len - prompt_len
+    if requested is not None and requested > remaining:
+        raise ContextLengthError(
+            f"'{param}' is too large: {requested}. This model's maximum context length is "
+            f"{max_model_len} tokens and your request has {prompt_len} input tokens "
+            f"({requested} > {max_model_len} - {prompt_len}).",
+            param,
+        )
+    fallback = requested if requested is not None else defaults.get("max_tokens")
+    return min(v for v in (remaining, fallback) if v is not None)
+
+
+def _structured_outputs(
+    structured: StructuredOutputsParams | None, fmt: ResponseFormat | None
+) -> StructuredOutputsParams | None:
+    if fmt is None or fmt.type == "text":
+        return structured
+    if fmt.type == "json_object":
+        override: dict[str, Any] = {"json_object": True}
+    elif fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise BadRequestError(
+                "When response_format type is 'json_schema', the 'json_schema' field must be "
+                "provided.",
+                "response_format",
+            )
+        override = {"json": fmt.json_schema.schema}
+    else:
+        override = {"structural_tag": json.dumps(msgspec.to_builtins(fmt))}
+    if structured is None:
+        return StructuredOutputsParams(**override)
+    return msgspec.structs.replace(structured, **override)
+
+
+def _check(req: ChatCompletionRequest | CompletionRequest, sp: SamplingParams) -> None:
+    def bad(msg: str, param: str) -> BadRequestError:
+        return BadRequestError(msg, param)
+
+    if not -2.0 <= sp.presence_penalty <= 2.0:
+        raise bad(
+            f"presence_penalty must be in [-2, 2], got {sp.presence_penalty}.", "presence_penalty"
+        )
+    if not -2.0 <= sp.frequency_penalty <= 2.0:
+        raise bad(
+            f"frequency_penalty must be in [-2, 2], got {sp.frequency_penalty}.",
+            "frequency_penalty",
+        )
+    if not math.isfinite(sp.repetition_penalty) or sp.repetition_penalty <= 0.0:
+        raise bad(
+            f"repetition_penalty must be a finite number greater than zero, got "
+            f"{sp.repetition_penalty}.",
+            "repetition_penalty",
+        )
+    if not math.isfinite(sp.temperature) or not 0.0 <= sp.temperature <= 2.0:
+        raise bad(f"temperature must be in [0, 2], got {sp.temperature}.", "temperature")
+    if not 0.0 < sp.top_p <= 1.0:
+        raise bad(f"top_p must be in (0, 1], got {sp.top_p}.", "top_p")
+    if sp.top_k < -1:
+        raise bad(f"top_k must be 0 (disable), or at least 1, got {sp.top_k}.", "top_k")
+    if not 0.0 <= sp.min_p <= 1.0:
+        raise bad(f"min_p must be in [0, 1], got {sp.min_p}.", "min_p")
+    if sp.max_tokens is not None and sp.min_tokens > sp.max_tokens:
+        raise bad(
+            f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, got "
+            f"{sp.min_tokens}.",
+            "min_tokens",
+        )
+    if sp.stop and any(not s for s in sp.stop):
+        raise bad("stop cannot contain an empty string.", "stop")
+    if sp.bad_words and any(not w for w in sp.bad_words):
+        raise bad(
+            f"bad_words cannot contain an empty string. Got bad_words={sp.bad_words}", "bad_words"
+        )
+    if req.stream_options is not None and not req.stream:
+        raise bad("Stream options can only be defined when `stream=True`.", "stream_options")
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if raw is None:
+        return None
+    out: dict[int, float] = {}
+    invalid = []
+    for key, bias in raw.items():
+        try:
+            out[int(key)] = min(100.0, max(-100.0, bias))
+        except ValueError:
+            invalid.append(key)
+    if invalid:
+        raise BadRequestError(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+            f"{invalid!r}",
+            "logit_bias",
+        )
+    return out
+
+
+def build_sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    *,
+    max_tokens: int,
+    defaults: dict[str, Any],
+    generation_config: dict[str, Any],
+    eos_token_id: int | None,
+) -> SamplingParams:
+    """The SamplingParams vLLM's frontend would hand its engine for this request."""
+    values = {
+        name: (v if (v := getattr(req, name)) is not None else defaults.get(name, d))
+        for name, d in _OPENAI_DEFAULTS.items()
+    }
+    stop_token_ids = list(req.stop_token_ids or [])
+    if default_stop := defaults.get("stop_token_ids"):
+        stop_token_ids = list(dict.fromkeys([*stop_token_ids, *default_stop]))
+    if isinstance(req, ChatCompletionRequest):
+        logprobs = req.top_logprobs if req.logprobs and not req.logprob_token_ids else None
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and req.echo:
+            prompt_logprobs = req.top_logprobs
+        if req.logprob_token_ids and not req.logprobs:
+            raise BadRequestError(
+                "when using `logprob_token_ids`, `logprobs` must be set to true.",
+                "logprob_token_ids",
+            )
+        if req.top_logprobs and not req.logprobs:
+            raise BadRequestError(
+                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+            )
+        final_max = max_tokens
+    else:
+        logprobs = None if req.logprob_token_ids else req.logprobs
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and req.echo:
+            prompt_logprobs = req.logprobs
+        final_max = 1 if (req.echo and req.max_tokens == 0) else max_tokens
+    extra_args: dict[str, Any] = dict(req.vllm_xargs or {})
+    if req.kv_transfer_params:
+        extra_args["kv_transfer_params"] = req.kv_transfer_params
+    if req.ec_transfer_params:
+        extra_args["ec_transfer_params"] = req.ec_transfer_params
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    temperature = float(values["temperature"])
+    if 0 < temperature < _MAX_TEMP:
+        temperature = _MAX_TEMP
+    sp = SamplingParams(
+        n=req.n if req.n is not None else 1,
+        presence_penalty=float(values["presence_penalty"]),
+        frequency_penalty=float(values["frequency_penalty"]),
+        repetition_penalty=float(values["repetition_penalty"]),
+        temperature=temperature,
+        watermarking=req.watermarking,
+        top_p=float(values["top_p"]),
+        top_k=int(values["top_k"]),
+        min_p=float(values["min_p"]),
+        seed=None if req.seed == -1 else req.seed,
+        stop=stop,
+        stop_token_ids=list(dict.fromkeys(stop_token_ids)),
+        ignore_eos=req.ignore_eos,
+        max_tokens=final_max,
+        min_tokens=req.min_tokens,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        logprob_token_ids=req.logprob_token_ids or None,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        output_kind=OUTPUT_DELTA if req.stream else OUTPUT_FINAL_ONLY,
+        stream_interval=req.stream_interval,
+        structured_outputs=_structured_outputs(req.structured_outputs, req.response_format),
+        logit_bias=_logit_bias(req.logit_bias),
+        allowed_token_ids=req.allowed_token_ids,
+        extra_args=extra_args or None,
+        bad_words=list(dict.fromkeys(req.bad_words or [])),
+        skip_clone=True,
+        repetition_detection=req.repetition_detection,
+        thinking_token_budget=req.thinking_token_budget,
+        routed_experts_prompt_start=req.routed_experts_prompt_start,
+    )
+    _check(req, sp)
+    if stop and not sp.include_stop_str_in_output:
+        sp.output_text_buffer_length = max(len(s) for s in stop) - 1
+    if sp.temperature < _SAMPLING_EPS:
+        sp.top_p, sp.top_k, sp.min_p = 1.0, 0, 0.0
+    sp.skip_reading_prefix_cache = sp.prompt_logprobs is not None
+    _fill_stop_ids(sp, generation_config, eos_token_id)
+    return sp
+
+
+def _fill_stop_ids(
+    sp: SamplingParams, generation_config: dict[str, Any], eos_token_id: int | None
+) -> None:
+    """``SamplingParams.update_from_generation_config``: what makes an engine stop on EOS."""
+    assert sp.stop_token_ids is not None
+    stop_all = dict.fromkeys(sp.stop_token_ids)
+    if not sp.ignore_eos:
+        sp._eos_token_id = eos_token_id
+    if eos_token_id is not None:
+        stop_all[eos_token_id] = None
+    eos_ids = generation_config.get("eos_token_id")
+    if eos_ids is not None:
+        extra = dict.fromkeys([eos_ids] if isinstance(eos_ids, int) else eos_ids)
+        extra.pop(eos_token_id, None)
+        if extra:
+            stop_all.update(extra)
+            if not sp.ignore_eos:
+                sp.stop_token_ids = list(dict.fromkeys([*extra, *sp.stop_token_ids]))
+    sp._all_stop_token_ids = sorted(stop_all)

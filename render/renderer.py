@@ -1,0 +1,387 @@
+"""``Renderer``: one model's OpenAI request -> GenerateRequest (exact token ids + SamplingParams).
+
+Chat goes through the model's family path: Harmony for gpt-oss, mistral-common for tekken models,
+otherwise the Jinja chat template after vLLM's message normalisation; the text is tokenized through
+the exact piece cache. Synchronous and CPU-bound: callers run it off their event loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from msgspec import UNSET
+
+from render.errors import BadRequestError, ContextLengthError, TemplateUnavailableError
+from render.harmony import HarmonyRenderer
+from render.messages import normalize_messages, tool_dicts
+from render.mistral import MistralRenderer
+from render.model_files import ModelFiles, derive_max_model_len, load_model_files
+from render.params import build_sampling_params, default_sampling_params, max_tokens_for
+from render.piece_cache import PieceCache
+from render.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateRequest,
+    NamedToolChoice,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from render.template import ChatTemplate, TemplateCache
+
+# apply_chat_template's own parameters: never passed to the template as variables.
+_APPLY_PARAMS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "messages",
+    }
+)
+
+
+def _bundled_default() -> Path:
+    return Path(__file__).parent / "models" / "qwen3"
+
+
+class Renderer:
+    """Renders requests for one model; thread-compatible but not thread-safe (one per worker)."""
+
+    def __init__(
+        self,
+        files: ModelFiles,
+        *,
+        served_model_name: str,
+        max_model_len: int,
+        allow_request_chat_template: bool,
+        cache_bytes: int,
+        harmony_start_date: str | None,
+    ) -> None:
+        self.files = files
+        self.served_model_name = served_model_name
+        self.max_model_len = max_model_len
+        self.allow_request_chat_template = allow_request_chat_template
+        self.tokenizer: tokenizers.Tokenizer = files.tokenizer
+        self.pieces = PieceCache(files.tokenizer, cache_bytes)
+        self._templates = TemplateCache()
+        self.generation_config = files.generation_config
+        self.default_sampling = default_sampling_params(files.generation_config)
+        self.eos_token_id = files.eos_token_id
+        self.vocab_size = files.vocab_size
+        self._harmony = (
+            HarmonyRenderer(harmony_start_date) if files.model_type == "gpt_oss" else None
+        )
+        self._mistral = MistralRenderer(files.tekken_path) if files.tekken_path else None
+        self._affixes = self._special_affixes()
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path | None = None,
+        *,
+        tokenizer: str | Path | None = None,
+        chat_template: str | None = None,
+        served_model_name: str | None = None,
+        max_model_len: int | None = None,
+        allow_request_chat_template: bool = False,
+        cache_bytes: int = 64 << 20,
+        harmony_start_date: str | None = None,
+    ) -> Renderer:
+        """Load a local HF model directory (default: the embedded Qwen3). ``chat_template`` is
+        the template text or a path to a file holding it."""
+        path = Path(model_dir) if model_dir is not None else _bundled_default()
+        if chat_template is not None and Path(chat_template).is_file():
+            chat_template = Path(chat_template).read_text(encoding="utf-8")
+        files = load_model_files(path, tokenizer, chat_template)
+        derived = derive_max_model_len(files.config, files.tokenizer_config)
+        if max_model_len is not None and max_model_len > derived:
+            raise ValueError(
+                f"max_model_len {max_model_len} is larger than the model's context length {derived}"
+            )
+        return cls(
+            files,
+            served_model_name=served_model_name or str(model_dir or "Qwen/Qwen3-0.6B"),
+            max_model_len=max_model_len or derived,
+            allow_request_chat_template=allow_request_chat_template,
+            cache_bytes=cache_bytes,
+            harmony_start_date=harmony_start_date,
+        )
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends generation: the tokenizer's EOS and generation_config's."""
+        ids = [] if self.eos_token_id is None else [self.eos_token_id]
+        gen = self.generation_config.get("eos_token_id")
+        ids += [gen] if isinstance(gen, int) else list(gen or [])
+        return list(dict.fromkeys(ids))
+
+    # -- tokenization -------------------------------------------------------------------------
+
+    def _special_affixes(self) -> tuple[list[int], list[int]]:
+        """What the post-processor adds around one sequence when add_special_tokens=True."""
+        probe = "a"
+        plain = self.tokenizer.encode(probe, add_special_tokens=False).ids
+        full = self.tokenizer.encode(probe, add_special_tokens=True).ids
+        for start in range(len(full) - len(plain) + 1):
+            if full[start : start + len(plain)] == plain:
+                return full[:start], full[start + len(plain) :]
+        raise ValueError("post-processor does not keep the sequence contiguous")
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Exactly the engine frontend's ``tokenizer.encode(text, add_special_tokens=...)``."""
+        if self._mistral is not None:
+            return self._mistral.encode(text, add_special_tokens)
+        ids = self.pieces.encode(text)
+        if add_special_tokens:
+            before, after = self._affixes
+            return before + ids + after
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def _template_for(self, req: ChatCompletionRequest) -> ChatTemplate:
+        source = self.files.chat_template
+        if req.chat_template is not None:
+            if not self.allow_request_chat_template:
+                raise TemplateUnavailableError(
+                    "Chat template is passed with request, but --trust-request-chat-template "
+                    "is not set. Refused request with untrusted chat template.",
+                    "chat_template",
+                )
+            source = req.chat_template
+        if source is None:
+            raise TemplateUnavailableError(
+                "This model has no chat template: pass one with --chat-template.", "chat_template"
+            )
+        return self._templates.get(source)
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> str:
+        """The templated prompt text (Jinja families only)."""
+        template = self._template_for(req)
+        kwargs = dict(req.chat_template_kwargs or {})
+        for bad in ("chat_template", "tokenize"):
+            if bad in kwargs:
+                raise BadRequestError(
+                    f"Found unexpected chat template kwargs from request: {{'{bad}'}}",
+                    "chat_template_kwargs",
+                )
+        # Request fields win over chat_template_kwargs (vLLM's merge order); None means unset.
+        extra: dict[str, Any] = {"reasoning_effort": req.reasoning_effort}
+        if req.reasoning_effort is not None and "enable_thinking" not in kwargs:
+            extra["enable_thinking"] = req.reasoning_effort != "none"
+        kwargs.update({k: v for k, v in extra.items() if v is not None})
+        tools = kwargs.pop("tools", tool_dicts(req.tools))
+        documents = kwargs.pop("documents", None) if req.documents is None else req.documents
+        variables: dict[str, Any] = dict(self.files.special_tokens)
+        variables.update(
+            {k: v for k, v in kwargs.items() if k in template.variables and k not in _APPLY_PARAMS}
+        )
+        conversation = normalize_messages(
+            req.messages, template.content_format, template.supports_developer
+        )
+        return template.render(
+            conversation,
+            tools=tools,
+            documents=documents,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            variables=variables,
+        )
+
+    def chat_token_ids(self, req: ChatCompletionRequest) -> list[int]:
+        if req.add_generation_prompt and req.continue_final_message:
+            raise BadRequestError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        if self._harmony is not None and req.chat_template is None:
+            ids = self._harmony.render(req)
+        elif self._mistral is not None and req.chat_template is None:
+            ids = self._mistral.render(req)
+        else:
+            ids = self.encode(self.chat_prompt(req), req.add_special_tokens)
+        return self._truncate(ids, req.truncate_prompt_tokens, req.truncation_side)
+
+    def render_chat(self, req: ChatCompletionRequest) -> GenerateRequest:
+        if req.use_beam_search:
+            raise BadRequestError("Beam search is not supported by the render endpoint")
+        _check_tool_choice(req)
+        ids = self.chat_token_ids(req)
+        if not ids:
+            raise BadRequestError("No token_ids rendered")
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        requested = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        return self._generate(
+            req, ids, requested, param, f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
+        )
+
+    # -- completions --------------------------------------------------------------------------
+
+    def completion_token_ids(self, req: CompletionRequest) -> list[list[int]]:
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            prompts: list[str | list[int]] = [prompt]
+        elif all(isinstance(p, int) for p in prompt):
+            prompts = [[p for p in prompt if isinstance(p, int)]]
+        elif all(isinstance(p, str) for p in prompt):
+            prompts = [p for p in prompt if isinstance(p, str)]
+        elif all(isinstance(p, list) for p in prompt):
+            prompts = [p for p in prompt if isinstance(p, list)]
+        else:
+            raise BadRequestError(
+                "prompt must be a string, a list of strings, a list of token ids or a list of "
+                "token-id lists (not a mix)",
+                "prompt",
+            )
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                ids = self.encode(p, req.add_special_tokens)
+            else:
+                self._check_ids(p, "prompt")
+                ids = list(p)
+            out.append(self._truncate(ids, req.truncate_prompt_tokens, req.truncation_side))
+        return out
+
+    def render_completion(self, req: CompletionRequest) -> list[GenerateRequest]:
+        if req.use_beam_search:
+            raise BadRequestError("Beam search is not supported by the render endpoint")
+        if req.suffix is not None:
+            raise BadRequestError("suffix is not currently supported", "suffix")
+        all_ids = self.completion_token_ids(req)
+        base = f"cmpl-{req.request_id or uuid.uuid4().hex}"
+        out = []
+        for i, ids in enumerate(all_ids):
+            if not ids:
+                raise BadRequestError("No token_ids rendered", "prompt")
+            rid = base if len(all_ids) == 1 else f"{base}-{i}"
+            out.append(self._generate(req, ids, req.max_tokens, "max_tokens", rid))
+        return out
+
+    # -- tokenize / detokenize ----------------------------------------------------------------
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        if req.messages is not None:
+            chat = ChatCompletionRequest(
+                messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs,
+                tools=req.tools,
+                add_special_tokens=bool(req.add_special_tokens),
+            )
+            ids = self.chat_token_ids(chat)
+        elif req.prompt is not None:
+            add = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = self.encode(req.prompt, add)
+        else:
+            raise BadRequestError("Either `prompt` or `messages` must be given.", "prompt")
+        strs = None
+        if req.return_token_strs:
+            strs = [self.tokenizer.id_to_token(i) or "" for i in ids]
+        return TokenizeResponse(
+            count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs
+        )
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        self._check_ids(req.tokens, "tokens")
+        return DetokenizeResponse(prompt=self.decode(req.tokens))
+
+    # -- shared -------------------------------------------------------------------------------
+
+    def _check_ids(self, ids: list[int], param: str) -> None:
+        limit = max(self.vocab_size, self.tokenizer.get_vocab_size(True))
+        bad = [t for t in ids if t >= limit]
+        if bad:
+            raise BadRequestError(
+                f"Token id {bad[0]} is out of vocabulary (vocab size {limit}).", param
+            )
+
+    def _truncate(self, ids: list[int], keep: int | None, side: str | None) -> list[int]:
+        if keep is None:
+            return ids
+        n = self.max_model_len if keep == -1 else keep
+        if len(ids) <= n:
+            return ids
+        return ids[:n] if side == "right" else ids[len(ids) - n :]
+
+    def _generate(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        ids: list[int],
+        requested: int | None,
+        param: str,
+        request_id: str,
+    ) -> GenerateRequest:
+        if len(ids) > self.max_model_len:
+            raise ContextLengthError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {len(ids)} input tokens. Please reduce the length of the "
+                "input messages.",
+                "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+            )
+        max_tokens = max_tokens_for(
+            self.max_model_len, requested, len(ids), self.default_sampling, param
+        )
+        if max_tokens < 1:
+            raise ContextLengthError(
+                f"The prompt ({len(ids)} tokens) leaves no room to generate within this model's "
+                f"maximum context length of {self.max_model_len} tokens.",
+                param,
+            )
+        params = build_sampling_params(
+            req,
+            max_tokens=max_tokens,
+            defaults=self.default_sampling,
+            generation_config=self.generation_config,
+            eos_token_id=self.eos_token_id,
+        )
+        return GenerateRequest(
+            request_id=request_id,
+            token_ids=ids,
+            sampling_params=params,
+            model=req.model,
+            stream=bool(req.stream),
+            stream_options=req.stream_options if req.stream else None,
+            cache_salt=req.cache_salt,
+            priority=req.priority,
+            kv_transfer_params=req.kv_transfer_params,
+            ec_transfer_params=req.ec_transfer_params,
+        )
+
+
+def _check_tool_choice(req: ChatCompletionRequest) -> None:
+    """vLLM's request validation of ``tool_choice`` against ``tools``."""
+    choice = req.tool_choice
+    if choice is UNSET or choice is None or choice == "none":
+        return
+    if req.tools is None:
+        raise BadRequestError("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+        t.function.name for t in req.tools
+    }:
+        raise BadRequestError(
+            "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            "tool_choice",
+        )
