@@ -195,7 +195,8 @@ def create_app(cfg: RouterConfig) -> Starlette:
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient([link_spec(e) for e in cfg.engines])
+        client = EngineClient([link_spec(e) for e in cfg.engines],
+                              dead_after=cfg.limits.engine_dead_after)
         await client.start()
         kv = KVSubscriber(index)
         await kv.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import subprocess
 import tempfile
@@ -139,7 +140,8 @@ class LocalCluster:
             self._error = exc
             started.set()
         finally:
-            sock.close()
+            with contextlib.suppress(OSError):  # hypercorn closes the fd it served
+                sock.close()
 
     def _set_app(self, app: Any) -> None:
         self._app = app

@@ -39,6 +39,8 @@ class Limits:
     engine_ready_timeout: float = 600.0  # handshake wait at start (real engines load for minutes)
     drain_timeout: float = 30.0  # graceful shutdown: streams get this long to finish
     max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
+    # An engine silent this long while it has requests is dead (its streams end with an error).
+    engine_dead_after: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,8 @@ async def _main(cfg: RouterConfig) -> None:
     try:
         await serve(cfg, sock, stop)
     finally:
-        sock.close()
+        with contextlib.suppress(OSError):  # hypercorn closes the fd it served
+            sock.close()
 
 
 def run(coro_factory: Callable[[], object]) -> None:

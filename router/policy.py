@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+import xxhash
+
+_HEAD_TOKENS = 32  # prompt head hashed for the tie-break
 POLICIES = ("cache_aware", "shortest_queue", "round_robin", "power_of_two", "random")
 
 
@@ -102,7 +106,7 @@ class Policy:
         cached = self._predicted_cached(tokens, namespace, now)
         name = self.config.name
         if name == "cache_aware":
-            load, reason = self._cache_aware(len(tokens), cached, ordered)
+            load, reason = self._cache_aware(tokens, cached, ordered)
         elif name == "shortest_queue":
             load, reason = self._least_loaded(ordered), "shortest_queue"
         elif name == "round_robin":
@@ -117,9 +121,10 @@ class Policy:
         return Decision(load.engine, cached.get(load.engine, 0), reason)
 
     def _cache_aware(
-        self, n_tokens: int, cached: dict[str, int], loads: Sequence[EngineLoad]
+        self, tokens: Sequence[int], cached: dict[str, int], loads: Sequence[EngineLoad]
     ) -> tuple[EngineLoad, str]:
         cfg = self.config
+        n_tokens = len(tokens)
         # 1. SGLang's escape hatch: a badly imbalanced fleet goes to the least loaded engine.
         if cfg.balance_abs_threshold is not None and cfg.balance_rel_threshold is not None:
             counts = [load.requests for load in loads]
@@ -136,10 +141,14 @@ class Policy:
             holders = [load for load in loads if cached.get(load.engine, 0) == best]
             return self._least_loaded(holders), "prefix_hit"
         # 3. The cost: prompt tokens still to compute here + the work already queued here.
-        def cost(load: EngineLoad) -> tuple[float, int, str]:
+        # Ties (e.g. a cold prompt on an idle fleet) go by rendezvous hashing of the prompt's
+        # head, so different prefixes spread out and one prefix keeps to one engine.
+        head = xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
+
+        def cost(load: EngineLoad) -> tuple[float, int, int, str]:
             uncached = n_tokens - cached.get(load.engine, 0)
             return (uncached + cfg.load_weight * load.work(cfg.request_tokens), load.requests,
-                    load.engine)
+                    xxhash.xxh3_64_intdigest(load.engine.encode(), seed=head), load.engine)
 
         choice = min(loads, key=cost)
         hit = cached.get(choice.engine, 0)

@@ -79,7 +79,8 @@ def test_namespaces_do_not_share_a_prefix() -> None:
     policy, index = _policy()
     index.store("b", PROMPT, namespace="tenant-1")
     loads = [EngineLoad("a"), EngineLoad("b")]
-    assert policy.choose(PROMPT, "tenant-2", loads, now=0.0) == Decision("a", 0, "cold")
+    d = policy.choose(PROMPT, "tenant-2", loads, now=0.0)
+    assert (d.cached_tokens, d.reason) == (0, "cold")
 
 
 def test_optimistic_note_keeps_a_conversation_together() -> None:
@@ -138,6 +139,15 @@ def test_cache_aware_is_the_argmin_of_the_cost(
     policy2, index2 = _policy(load_weight=weight, request_tokens=32)
     index2.blocks = {e: set(b) for e, b in index.blocks.items()}
     assert policy2.choose(tokens, None, loads, now=0.0).engine == d.engine
+
+
+def test_cold_prompts_spread_and_stick() -> None:
+    policy, _ = _policy()
+    loads = [EngineLoad(e) for e in "abcd"]
+    first = {policy.choose([p] * 40, f"ns{p}", loads, 0.0).engine for p in range(40)}
+    assert len(first) == 4  # different prompt heads land on different idle engines
+    again = [policy.choose([7] * 40, "x", loads, 0.0).engine for _ in range(3)]
+    assert len(set(again)) == 1
 
 
 def test_round_robin_is_fair() -> None:
