@@ -1,4 +1,4 @@
-"""Incremental detokenization equals tokenizer.decode of all engine tokens, on the Qwen3 tokenizer."""
+"""Incremental detokenization equals tokenizer.decode of all engine tokens (Qwen3 tokenizer)."""
 
 from __future__ import annotations
 
