@@ -188,12 +188,13 @@ class PrefixIndex:
         if eng.block_size is None:
             self._set_block_size(eng, size)
         if parent_block_hash is None:
-            seed: int | None = root_key(size, namespace)
+            seed = root_key(size, namespace)
         else:
-            seed = eng.hashes.get(_norm(parent_block_hash))
-            if seed is None:
+            parent_key = eng.hashes.get(_norm(parent_block_hash))
+            if parent_key is None:
                 self.stats.unknown_parent_events += 1
                 return 0
+            seed = parent_key
         try:
             buf = token_bytes(token_ids)
         except (OverflowError, TypeError):
