@@ -48,7 +48,7 @@ def _spec(kind: str, k: int, **kw: object) -> PipelineSpec:
 
 
 def test_chat_logprobs_shape(decoder: TokenDecoder) -> None:
-    a, b, c, d = (decoder.tokenizer.token_to_id(t) for t in ("Hello", "Ġworld", "Ġthere", "!"))
+    a, b, c, d = (decoder.tokenizer.encode(t).ids[0] for t in ("Hello", " world", " there", "!"))
     # Token 1: sampled "Hello" is top-1. Token 2: sampled " world" is rank 2 (behind " there").
     out = _output([a, b], [[a, d], [c, b]], [[-0.1, -0.1, -3.0], [-1.5, -0.5, -1.5]], [1, 2])
     p = Pipeline(_spec(CHAT, 2), decoder)

@@ -32,7 +32,8 @@ def decoder() -> TokenDecoder:
 def _steps(ids: Sequence[int], sizes: Sequence[int], finish: int | None, stop_reason: Any = None,
            cached: int | None = None) -> list[EngineCoreOutput]:
     """Engine outputs carrying ``ids`` in batches of ``sizes`` (cycled); the last one finishes."""
-    outs, i, k = [], 0, 0
+    outs: list[EngineCoreOutput] = []
+    i = k = 0
     while i < len(ids) or not outs:
         n = max(1, sizes[k % len(sizes)]) if sizes else 1
         k += 1
