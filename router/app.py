@@ -190,7 +190,8 @@ def create_app(cfg: RouterConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
-        models = await asyncio.to_thread(render_server.load_models, rcfg)
+        models = render_server.Models(
+            await asyncio.to_thread(render_server.load_models, rcfg), int(time.time()))
         pool = ThreadPoolExecutor(rcfg.render_threads, thread_name_prefix="render")
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
@@ -206,7 +207,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
         dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
-        decoders = {name: TokenDecoder(r.tokenizer) for name, r in models.by_name.items()}
+        decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
         state = {
             "config": rcfg, "router_config": cfg, "models": models, "pool": pool,

@@ -14,10 +14,13 @@ SYSTEM = ("You are kvroute's demo assistant. Every request in this demo shares t
           "so after the first one the router sends them to the engine that already holds it. ")
 
 
-def _show(title: str, engine_route: str | None, text: str, usage: object) -> None:
+def _show(title: str, engine_route: str | None, text: str, usage: Any) -> None:
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None)
     print(f"\n== {title}")
     print(f"   route : {engine_route}")
-    print(f"   usage : {usage}")
+    print(f"   usage : prompt={usage.prompt_tokens} completion={usage.completion_tokens} "
+          f"cached (engine-reported)={cached}")
     print(f"   answer: {text!r}")
 
 
@@ -64,7 +67,7 @@ def cli(argv: list[str]) -> int:
                           sim={"step_time": args.step_time})
     print(f"starting kvroute with {args.engines} simulated engines (policy {args.policy}) ...")
     with LocalCluster(opts) as cluster:
-        model = cluster.state.models.default.served_model_name
+        model = cluster.state.models.registry.names()[0]
         print(f"router at {cluster.base_url}, model {model!r}, engines {cluster.names}")
         run_requests(cluster.base_url, model)
         if args.serve:

@@ -72,7 +72,7 @@ async def chat_completions(request: Request) -> Any:
     if st.remote is not None:
         gen = await st.remote.render_chat(body)
     else:
-        gen = await run_render(request, len(body), renderer.render_chat, req)
+        gen = await run_render(request, renderer, len(body), renderer.render_chat, req)
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  return_token_ids=bool(req.return_token_ids))
     decoder = st.decoders[renderer.served_model_name]
@@ -90,7 +90,7 @@ async def completions(request: Request) -> Any:
     if st.remote is not None:
         gens = await st.remote.render_completion(body)
     else:
-        gens = await run_render(request, len(body), renderer.render_completion, req)
+        gens = await run_render(request, renderer, len(body), renderer.render_completion, req)
     if len(gens) != 1:
         raise BadRequestError("kvroute serves one prompt per completions request; send a "
                               "request per prompt.", "prompt")
