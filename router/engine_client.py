@@ -30,7 +30,7 @@ import zmq
 import zmq.asyncio
 
 from router.engine_state import EngineSpec, EngineState, EngineStatus
-from router.ndarrays import NdarrayError, decode_logprobs
+from router.ndarrays import decode_logprobs
 from router.request_stream import RequestStream
 from router.wire import (
     ENGINE_CORE_DEAD,
@@ -81,6 +81,22 @@ class UtilityCallError(EngineLinkError):
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
 READY_MAP_WAIT_MS = 5000
+
+
+def decode_engine_outputs(
+    decoder: msgspec.msgpack.Decoder[EngineCoreOutputs], bufs: Sequence[Any]
+) -> EngineCoreOutputs:
+    """Decode ``[payload, *aux_frames]``; logprob arrays become ``ndarrays.Logprobs``.
+
+    Raises ``msgspec.DecodeError`` or ``ValueError`` (incl. ``NdarrayError``) on bad input.
+    """
+    outs = decoder.decode(bufs[0])
+    for out in outs.outputs:
+        if out.new_logprobs is not None:
+            out.new_logprobs = decode_logprobs(out.new_logprobs, bufs)
+        if out.new_prompt_logprobs_tensors is not None:
+            out.new_prompt_logprobs_tensors = decode_logprobs(out.new_prompt_logprobs_tensors, bufs)
+    return outs
 
 
 class _Phase(enum.Enum):
@@ -315,7 +331,7 @@ class EngineClient:
             self._engine_died(eng, "the engine sent ENGINE_CORE_DEAD")
             return
         try:
-            outs = self._out_decoder.decode(bufs[0])
+            outs = decode_engine_outputs(self._out_decoder, bufs)
         except (msgspec.DecodeError, ValueError):
             eng.counters.decode_errors += 1
             return
@@ -332,8 +348,6 @@ class EngineClient:
                 # Late outputs of aborted or failed requests.
                 eng.counters.stray_outputs += 1
                 continue
-            if out.new_logprobs is not None or out.new_prompt_logprobs_tensors is not None:
-                self._resolve_arrays(eng, out, bufs)
             eng.counters.tokens += len(out.new_token_ids)
             if out.finish_reason is None:
                 stream.push(out)
@@ -349,18 +363,6 @@ class EngineClient:
                     stream.finish(EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT))
         if outs.utility_output is not None:
             self._on_utility(outs.utility_output.call_id, outs.utility_output)
-
-    def _resolve_arrays(self, eng: EngineState, out: EngineCoreOutput, bufs: list[Any]) -> None:
-        try:
-            if out.new_logprobs is not None:
-                out.new_logprobs = decode_logprobs(out.new_logprobs, bufs)
-            if out.new_prompt_logprobs_tensors is not None:
-                out.new_prompt_logprobs_tensors = decode_logprobs(
-                    out.new_prompt_logprobs_tensors, bufs
-                )
-        except NdarrayError:
-            eng.counters.decode_errors += 1
-            out.new_logprobs = out.new_prompt_logprobs_tensors = None
 
     def _on_utility(self, call_id: int, result: Any) -> None:
         entry = self._utility.get(call_id)
