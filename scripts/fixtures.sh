@@ -3,6 +3,7 @@
 # $KVROUTE_CACHE/downloads (once), then assembles model directories under
 # $KVROUTE_CACHE/fixtures/<family>/ with scripts/make_fixtures.py. Idempotent.
 set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${KVROUTE_CACHE:-$HOME/.cache/kvroute}"
 DL="$CACHE/downloads"
 mkdir -p "$DL"
@@ -41,5 +42,4 @@ PY
     mv mistral.tmp/mistral_common/data/tekken_240718.json mistral/ && rm -rf mistral.tmp
 fi
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python3 "$ROOT/scripts/make_fixtures.py" "$DL" "$CACHE/fixtures"
