@@ -87,6 +87,13 @@ def spawn_sim_engine(
     handshake_address: str, extra_args: Sequence[str] = (), **popen: Any
 ) -> subprocess.Popen[bytes]:
     """``kvroute sim-engine`` as a child process (stop: terminate(); crash: kill())."""
-    cmd = [sys.executable, "-m", "router.cli", "sim-engine",
-           "--handshake-address", handshake_address, *extra_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "router.cli",
+        "sim-engine",
+        "--handshake-address",
+        handshake_address,
+        *extra_args,
+    ]
     return subprocess.Popen(cmd, **popen)

@@ -32,9 +32,12 @@ def cli(argv: list[str]) -> int:
     engine = SimEngine(config)
     logging.info(
         "rank %d: handshake with %s (block_size=%d, num_gpu_blocks=%d, step_time=%gs)",
-        config.data_parallel_rank, config.handshake_address, config.block_size,
-        config.num_gpu_blocks, config.step_time,
-    )  # fmt: skip
+        config.data_parallel_rank,
+        config.handshake_address,
+        config.block_size,
+        config.num_gpu_blocks,
+        config.step_time,
+    )
     try:
         engine.run()
     except HandshakeTimeout as e:

@@ -10,11 +10,32 @@ from router.wire import EngineCoreEvent, EngineCoreRequest
 
 class SimRequest:
     __slots__ = (
-        "request_id", "client_index", "tokens", "num_prompt", "num_computed", "blocks",
-        "num_cached_blocks", "hashes", "root", "max_tokens", "min_tokens", "eos", "stop_ids",
-        "min_stop_ids", "logprobs", "key", "scripted", "events", "prefill_stats", "lora_id",
-        "lora_name", "salt", "skip_prefix", "finished", "num_preemptions",
-    )  # fmt: skip
+        "request_id",
+        "client_index",
+        "tokens",
+        "num_prompt",
+        "num_computed",
+        "blocks",
+        "num_cached_blocks",
+        "hashes",
+        "root",
+        "max_tokens",
+        "min_tokens",
+        "eos",
+        "stop_ids",
+        "min_stop_ids",
+        "logprobs",
+        "key",
+        "scripted",
+        "events",
+        "prefill_stats",
+        "lora_id",
+        "lora_name",
+        "salt",
+        "skip_prefix",
+        "finished",
+        "num_preemptions",
+    )
 
     def __init__(self, req: EngineCoreRequest, key: int, max_model_len: int) -> None:
         assert req.prompt_token_ids is not None and req.sampling_params is not None

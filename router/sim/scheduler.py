@@ -93,8 +93,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed, budget,
-                          cfg.max_model_len - 1 - req.num_computed)  # fmt: skip
+            num_new = min(
+                req.num_tokens - req.num_computed, budget, cfg.max_model_len - 1 - req.num_computed
+            )
             if num_new <= 0:
                 i += 1
                 continue
