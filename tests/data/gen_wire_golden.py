@@ -49,7 +49,10 @@ def sampling(**kw: object) -> SamplingParams:
 def requests() -> list[tuple[str, EngineCoreRequest]]:
     t = 1_764_400_000.123456
     return [
-        ("minimal", EngineCoreRequest("r-min", [1, 2, 3], None, sampling(), None, t, None, None, None)),
+        (
+            "minimal",
+            EngineCoreRequest("r-min", [1, 2, 3], None, sampling(), None, t, None, None, None),
+        ),
         (
             "sampling_full",
             EngineCoreRequest(
@@ -168,7 +171,9 @@ def outputs() -> list[tuple[str, EngineCoreOutputs, dict]]:
                 new_logprobs=LogprobsLists(small_ids, small_lp, small_ranks),
                 events=[EngineCoreEvent(EngineCoreEventType.QUEUED, 10.5)],
                 prefill_stats=PrefillStats(
-                    num_prompt_tokens=300, num_computed_tokens=44, num_cached_tokens=256,
+                    num_prompt_tokens=300,
+                    num_computed_tokens=44,
+                    num_cached_tokens=256,
                     num_local_cached_tokens=256,
                 ),
                 new_prompt_logprobs_tensors=prompt_lp,
@@ -191,54 +196,125 @@ def outputs() -> list[tuple[str, EngineCoreOutputs, dict]]:
         ],
         timestamp=124.0,
     )
-    util_ok = EngineCoreOutputs(utility_output=UtilityOutput(9, result=UtilityResult(True)), timestamp=1.0)
+    util_ok = EngineCoreOutputs(
+        utility_output=UtilityOutput(9, result=UtilityResult(True)), timestamp=1.0
+    )
     util_fail = EngineCoreOutputs(
         utility_output=UtilityOutput(10, failure_message="Call to nope method failed: x"),
         timestamp=2.0,
     )
     aborted = EngineCoreOutputs(
-        outputs=[EngineCoreOutput("r-stop", [], finish_reason=FinishReason.ABORT, stop_reason="END")],
+        outputs=[
+            EngineCoreOutput("r-stop", [], finish_reason=FinishReason.ABORT, stop_reason="END")
+        ],
         finished_requests={"r-x"},
         timestamp=3.0,
     )
     return [
-        ("step_two_requests", step, {
-            "ids": ["r-a", "r-b"], "tokens": [[11, 21], [7]], "finish": [None, 1],
-            "logprob_ids": arr(small_ids), "logprobs": arr(small_lp), "ranks": arr(small_ranks),
-            "prompt_logprob_ids": prompt_lp.logprob_token_ids.tolist(),
-            "num_cached_tokens": 256, "num_running_reqs": 2, "hits": 128, "event_type": 1,
-        }),
-        ("big_logprobs_aux_frames", big, {
-            "ids": ["r-big"], "tokens": [big_ids[:, 0].tolist()], "finish": [0], "stop_reason": 151645,
-            "logprob_ids": arr(big_ids), "logprobs": arr(big_lp), "ranks": arr(big_ranks),
-            "engine_index": 1,
-        }),
+        (
+            "step_two_requests",
+            step,
+            {
+                "ids": ["r-a", "r-b"],
+                "tokens": [[11, 21], [7]],
+                "finish": [None, 1],
+                "logprob_ids": arr(small_ids),
+                "logprobs": arr(small_lp),
+                "ranks": arr(small_ranks),
+                "prompt_logprob_ids": prompt_lp.logprob_token_ids.tolist(),
+                "num_cached_tokens": 256,
+                "num_running_reqs": 2,
+                "hits": 128,
+                "event_type": 1,
+            },
+        ),
+        (
+            "big_logprobs_aux_frames",
+            big,
+            {
+                "ids": ["r-big"],
+                "tokens": [big_ids[:, 0].tolist()],
+                "finish": [0],
+                "stop_reason": 151645,
+                "logprob_ids": arr(big_ids),
+                "logprobs": arr(big_lp),
+                "ranks": arr(big_ranks),
+                "engine_index": 1,
+            },
+        ),
         ("utility_ok", util_ok, {"call_id": 9, "result": True}),
         ("utility_failure", util_fail, {"call_id": 10, "failure": "Call to nope method failed: x"}),
-        ("abort_and_finished_requests", aborted, {
-            "ids": ["r-stop"], "finish": [2], "stop_reason": "END", "finished_requests": ["r-x"],
-        }),
+        (
+            "abort_and_finished_requests",
+            aborted,
+            {
+                "ids": ["r-stop"],
+                "finish": [2],
+                "stop_reason": "END",
+                "finished_requests": ["r-x"],
+            },
+        ),
     ]
 
 
 def kv_batches() -> list[tuple[str, KVEventBatch]]:
     return [
-        ("stored_chain", KVEventBatch(ts=1_764_400_000.5, events=[
-            BlockStored(block_hashes=[111, 222], parent_block_hash=None, token_ids=list(range(32)),
-                        block_size=16, lora_id=None, medium="GPU", lora_name=None,
-                        extra_keys=[("tenant-42",), None]),
-            BlockStored(block_hashes=[333], parent_block_hash=222, token_ids=list(range(32, 48)),
-                        block_size=16, lora_id=None, medium="GPU", lora_name=None),
-        ])),
-        ("removed_and_cleared", KVEventBatch(ts=1_764_400_001.0, events=[
-            BlockRemoved(block_hashes=[333], medium="GPU"),
-            AllBlocksCleared(),
-        ], data_parallel_rank=1)),
-        ("bytes_hashes_lora", KVEventBatch(ts=1_764_400_002.0, events=[
-            BlockStored(block_hashes=[b"\x01" * 32], parent_block_hash=b"\x02" * 32,
-                        token_ids=list(range(16)), block_size=16, lora_id=3, medium="CPU",
-                        lora_name="sql-adapter", extra_keys=[("sql-adapter",)]),
-        ])),
+        (
+            "stored_chain",
+            KVEventBatch(
+                ts=1_764_400_000.5,
+                events=[
+                    BlockStored(
+                        block_hashes=[111, 222],
+                        parent_block_hash=None,
+                        token_ids=list(range(32)),
+                        block_size=16,
+                        lora_id=None,
+                        medium="GPU",
+                        lora_name=None,
+                        extra_keys=[("tenant-42",), None],
+                    ),
+                    BlockStored(
+                        block_hashes=[333],
+                        parent_block_hash=222,
+                        token_ids=list(range(32, 48)),
+                        block_size=16,
+                        lora_id=None,
+                        medium="GPU",
+                        lora_name=None,
+                    ),
+                ],
+            ),
+        ),
+        (
+            "removed_and_cleared",
+            KVEventBatch(
+                ts=1_764_400_001.0,
+                events=[
+                    BlockRemoved(block_hashes=[333], medium="GPU"),
+                    AllBlocksCleared(),
+                ],
+                data_parallel_rank=1,
+            ),
+        ),
+        (
+            "bytes_hashes_lora",
+            KVEventBatch(
+                ts=1_764_400_002.0,
+                events=[
+                    BlockStored(
+                        block_hashes=[b"\x01" * 32],
+                        parent_block_hash=b"\x02" * 32,
+                        token_ids=list(range(16)),
+                        block_size=16,
+                        lora_id=3,
+                        medium="CPU",
+                        lora_name="sql-adapter",
+                        extra_keys=[("sql-adapter",)],
+                    ),
+                ],
+            ),
+        ),
     ]
 
 
@@ -247,30 +323,43 @@ def main() -> int:
     data: dict[str, list] = {"requests": [], "control": [], "outputs": [], "kv_batches": []}
     for name, req in requests():
         (payload,) = enc.encode(req)
-        data["requests"].append({
-            "name": name,
-            "vllm_json": msgspec.json.encode(req).decode(),
-            "msgpack_hex": bytes(payload).hex(),
-        })
+        data["requests"].append(
+            {
+                "name": name,
+                "vllm_json": msgspec.json.encode(req).decode(),
+                "msgpack_hex": bytes(payload).hex(),
+            }
+        )
     (abort,) = enc.encode(["r-1", "chatcmpl-2"])
     (util,) = enc.encode((0, 5, "reset_prefix_cache", ()))
     (util_args,) = enc.encode((1, 6, "collective_rpc", ("ping", None, (1, 2), {"k": "v"})))
     data["control"] = [
         {"name": "abort", "value": ["r-1", "chatcmpl-2"], "msgpack_hex": bytes(abort).hex()},
-        {"name": "utility", "value": [0, 5, "reset_prefix_cache", []], "msgpack_hex": bytes(util).hex()},
-        {"name": "utility_args", "value": [1, 6, "collective_rpc", ["ping", None, [1, 2], {"k": "v"}]],
-         "msgpack_hex": bytes(util_args).hex()},
+        {
+            "name": "utility",
+            "value": [0, 5, "reset_prefix_cache", []],
+            "msgpack_hex": bytes(util).hex(),
+        },
+        {
+            "name": "utility_args",
+            "value": [1, 6, "collective_rpc", ["ping", None, [1, 2], {"k": "v"}]],
+            "msgpack_hex": bytes(util_args).hex(),
+        },
     ]
     for name, outs, expect in outputs():
         frames = [bytes(f) for f in enc.encode(outs)]
-        data["outputs"].append({"name": name, "frames_hex": [f.hex() for f in frames], "expect": expect})
+        data["outputs"].append(
+            {"name": name, "frames_hex": [f.hex() for f in frames], "expect": expect}
+        )
     pack = msgspec.msgpack.Encoder()  # ZmqEventPublisher's encoder
     for name, batch in kv_batches():
-        data["kv_batches"].append({
-            "name": name,
-            "payload_hex": pack.encode(batch).hex(),
-            "vllm_json": msgspec.json.encode(batch).decode(),
-        })
+        data["kv_batches"].append(
+            {
+                "name": name,
+                "payload_hex": pack.encode(batch).hex(),
+                "vllm_json": msgspec.json.encode(batch).decode(),
+            }
+        )
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {OUT} ({len(data['requests'])} requests, {len(data['outputs'])} outputs)")
     return 0
