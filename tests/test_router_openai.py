@@ -1,0 +1,171 @@
+"""The unmodified openai client through kvroute with simulated engines: text, stops, stream parity."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from render.models import __file__ as _models_init
+from router.cluster import ClusterOptions, LocalCluster
+
+SYSTEM = "You are a terse assistant that answers in one sentence. " * 6
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(ClusterOptions(engines=3, sim={"step_time": 0.002})) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Any:
+    return OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(cluster: LocalCluster) -> str:
+    return str(cluster.state.models.registry.names()[0])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cluster: LocalCluster) -> Any:
+    return cluster.state.models.registry.get(None).tokenizer
+
+
+def _messages(user: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def _engine_tokens(cluster: LocalCluster, body: dict[str, Any]) -> list[int]:
+    """The same request rendered, then sent token-in/token-out: the engine's own token ids."""
+    with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
+        gen = http.post("/v1/chat/completions/render", json=body).json()
+        out = http.post("/inference/v1/generate", json=gen)
+        assert out.status_code == 200, out.text
+        return list(out.json()["choices"][0]["token_ids"])
+
+
+def test_chat_text_is_the_detokenized_engine_tokens(
+    cluster: LocalCluster, client: Any, model: str, tokenizer: Any
+) -> None:
+    body = {"model": model, "messages": _messages("Tell me about caches."), "max_tokens": 40,
+            "seed": 11}
+    chat = client.chat.completions.create(**body)
+    ids = _engine_tokens(cluster, body)
+    assert len(ids) == 40 == chat.usage.completion_tokens
+    assert chat.choices[0].message.content == tokenizer.decode(ids, skip_special_tokens=True)
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage.prompt_tokens > 60
+
+
+def test_completion_text_and_logprobs(client: Any, model: str, tokenizer: Any) -> None:
+    comp = client.completions.create(model=model, prompt="Routing by prefix", max_tokens=16,
+                                     seed=5, logprobs=3, extra_body={"return_token_ids": True})
+    choice = comp.choices[0]
+    ids = choice.token_ids  # vLLM's extension field, kept by the openai client as extra
+    assert choice.text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert len(choice.logprobs.tokens) == 16
+    assert all(len(top) >= 1 for top in choice.logprobs.top_logprobs)
+
+
+def test_stop_string_cuts_where_it_should(client: Any, model: str) -> None:
+    base = {"model": model, "messages": _messages("Stop test."), "max_tokens": 40, "seed": 3}
+    full = client.chat.completions.create(**base).choices[0].message.content
+    stop = full[len(full) // 2: len(full) // 2 + 4]
+    assert stop.strip(), "need a visible stop string"
+    cut = client.chat.completions.create(**base, stop=[stop])
+    assert cut.choices[0].message.content == full[: full.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**base, stop=[stop], stream=True)
+        if c.choices
+    )
+    assert streamed == full[: full.index(stop)]
+
+
+def test_stream_equals_non_stream(client: Any, model: str) -> None:
+    body = {"model": model, "messages": _messages("Same seed twice."), "max_tokens": 32,
+            "seed": 7}
+    whole = client.chat.completions.create(**body)
+    chunks = list(client.chat.completions.create(**body, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert text == whole.choices[0].message.content
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_n_choices_fan_out(client: Any, model: str) -> None:
+    chat = client.chat.completions.create(model=model, messages=_messages("n=3"), n=3,
+                                          max_tokens=8, seed=1)
+    texts = [c.message.content for c in sorted(chat.choices, key=lambda c: c.index)]
+    assert len(texts) == 3 and len(set(texts)) == 3  # seeds seed+i, as vLLM's ParentRequest
+    assert chat.usage.completion_tokens == 24
+    streamed: dict[int, str] = {}
+    for c in client.chat.completions.create(model=model, messages=_messages("n=3"), n=3,
+                                            max_tokens=8, seed=1, stream=True):
+        for ch in c.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + (ch.delta.content or "")
+    assert [streamed[i] for i in range(3)] == texts
+
+
+def test_shared_prefix_goes_to_the_holder_and_hits_on_the_engine(
+    cluster: LocalCluster, client: Any, model: str
+) -> None:
+    system = "Shared-prefix tenant 42 with a long policy document. " * 12
+    engines = []
+    cached = []
+    for i in range(4):
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, max_tokens=4, seed=i,
+            messages=[{"role": "system", "content": system},
+                      {"role": "user", "content": f"question {i}"}])
+        engines.append(raw.headers["x-kvroute-route"].split(";")[0])
+        cached.append(raw.parse().usage.prompt_tokens_details.cached_tokens)
+    assert len(set(engines)) == 1, engines
+    assert cached[0] == 0 and all(c >= 128 for c in cached[1:]), cached  # engine-reported
+
+
+def test_models_tokenize_health_ready_metrics(cluster: LocalCluster, client: Any,
+                                              model: str) -> None:
+    assert [m.id for m in client.models.list().data] == [model]
+    with httpx.Client(base_url=cluster.base_url) as http:
+        assert http.get("/health").status_code == 200
+        assert http.get("/ready").status_code == 200
+        tok = http.post("/tokenize", json={"model": model, "prompt": "hi there"}).json()
+        assert tok["count"] == len(tok["tokens"]) > 0
+        r = http.get("/v1/models", headers={"x-request-id": "abc-123"})
+        assert r.headers["x-request-id"] == "abc-123"
+        metrics = http.get("/metrics").text
+    assert "kvroute_routing_decisions_total" in metrics
+    assert 'kvroute_engine_healthy{engine="engine-0"} 1.0' in metrics
+    assert "kvroute_time_to_first_token_seconds_bucket" in metrics
+
+
+def test_bad_inputs_are_openai_4xx(cluster: LocalCluster, model: str) -> None:
+    with httpx.Client(base_url=cluster.base_url) as http:
+        cases = [
+            http.post("/v1/chat/completions", content=b"{not json"),
+            http.post("/v1/chat/completions", json={"model": model, "messages": []}),
+            http.post("/v1/chat/completions", json={"model": "nope", "messages": _messages("x")}),
+            http.post("/v1/completions", json={"model": model, "prompt": "x", "max_tokens": -1}),
+            http.post("/inference/v1/generate", json={"token_ids": [-1],
+                                                      "sampling_params": {}}),
+            http.post("/inference/v1/generate", json={"token_ids": [1],
+                                                      "sampling_params": {"n": "x"}}),
+            http.post("/inference/v1/abort_requests", json={"ids": []}),
+        ]
+    for r in cases:
+        assert 400 <= r.status_code < 500, (r.status_code, r.text)
+        assert set(r.json()["error"]) >= {"message", "type", "code"}
+
+
+# Keeps the import of the embedded model package meaningful for readers: the tests run on it.
+assert _models_init
