@@ -1,4 +1,4 @@
-"""The unmodified openai client through kvroute with simulated engines: text, stops, stream parity."""
+"""The unmodified openai client through kvroute on sim engines: text, stops, stream parity."""
 
 from __future__ import annotations
 
