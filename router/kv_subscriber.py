@@ -26,6 +26,7 @@ import xxhash
 import zmq
 import zmq.asyncio
 
+from radix.namespace import namespace_for, split_event_extra_keys
 from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ext_hook
 
 END_SEQ = b"\xff" * 8
@@ -34,7 +35,11 @@ DUP_WINDOW = 4096
 
 
 class KVEventSink(Protocol):
-    """What the subscriber feeds: ``radix.PrefixIndex`` satisfies it."""
+    """What the subscriber feeds: ``radix.PrefixIndex`` satisfies it.
+
+    ``namespace`` seeds chains that start at block 0 (no parent); a child block continues its
+    parent's chain (vLLM puts the cache_salt in the first block's extra keys only).
+    """
 
     def apply_stored(
         self,
@@ -44,18 +49,29 @@ class KVEventSink(Protocol):
         token_ids: Sequence[int],
         namespace: Hashable,
         now: float,
+        *,
+        block_size: int | None = None,
+        extra_keys: Sequence[Any | None] | None = None,
+        group_idx: int | None = None,
+        kind: str | None = None,
+        medium: str | None = None,
     ) -> Any: ...
 
-    def apply_removed(self, engine: str, block_hashes: Sequence[int | bytes]) -> Any: ...
+    def apply_removed(
+        self,
+        engine: str,
+        block_hashes: Sequence[int | bytes],
+        *,
+        group_idx: int | None = None,
+        medium: str | None = None,
+    ) -> Any: ...
 
     def apply_cleared(self, engine: str) -> Any: ...
 
 
 def kv_namespace(lora_name: str | None, cache_salt: str | None) -> Hashable:
-    """The prefix-index namespace of a request; the router must build it the same way."""
-    if lora_name is None and cache_salt is None:
-        return None
-    return (lora_name, cache_salt)
+    """The prefix-index namespace of a request; the same function names event chains."""
+    return namespace_for(lora_name, cache_salt)
 
 
 class KVEndpoints(msgspec.Struct, frozen=True):
@@ -133,10 +149,10 @@ class _EngineFeed:
         self.replay: zmq.asyncio.Socket | None = None
         self.expected: int | None = None  # next seq; None until the first batch
         self.recent: OrderedDict[int, int] = OrderedDict()
-        # Namespaces of salted chains: cache_salt rides only on a chain's first block.
-        self.salted: dict[int | bytes, Hashable] = {}
         self.counters = KVCounters()
         self.applied = asyncio.Event()  # set after every applied batch (tests wait on it)
+        # Live batches and explicit resyncs share the replay socket and the sequence state.
+        self.lock = asyncio.Lock()
 
 
 class KVSubscriber:
@@ -213,6 +229,12 @@ class KVSubscriber:
         feed.applied.clear()
         await asyncio.wait_for(feed.applied.wait(), timeout)
 
+    async def resync(self, engine: str) -> None:
+        """Catch up now from the engine's replay buffer (after the last applied seq)."""
+        feed = self._feeds[engine]
+        async with feed.lock:
+            await self._replay(feed, 0 if feed.expected is None else feed.expected)
+
     async def _run(self, feed: _EngineFeed) -> None:
         while True:
             frames = await feed.sub.recv_multipart()
@@ -224,8 +246,15 @@ class KVSubscriber:
     async def on_batch(self, engine: str, seq: int, payload: bytes) -> None:
         """Sequence bookkeeping for one live batch, then apply it (public for tests)."""
         feed = self._feeds[engine]
+        async with feed.lock:
+            await self._on_batch(feed, seq, payload)
+
+    async def _on_batch(self, feed: _EngineFeed, seq: int, payload: bytes) -> None:
         c = feed.counters
-        if feed.expected is not None and seq < feed.expected:
+        if feed.expected is None:
+            # A late joiner (router restart) rebuilds from the engine's replay buffer.
+            feed.expected = 0
+        if seq < feed.expected:
             digest = feed.recent.get(seq)
             if digest is not None and digest == xxhash.xxh3_64_intdigest(payload):
                 c.duplicates += 1
@@ -234,7 +263,7 @@ class KVSubscriber:
             c.resets += 1
             self._clear(feed)
             feed.expected = 0
-        if feed.expected is not None and seq > feed.expected:
+        if seq > feed.expected:
             c.gaps += 1
             await self._replay(feed, feed.expected)
             if seq < feed.expected:
@@ -281,7 +310,6 @@ class KVSubscriber:
         feed.replay.connect(dial_address(replay, feed.spec.host))
 
     def _clear(self, feed: _EngineFeed) -> None:
-        feed.salted.clear()
         feed.recent.clear()
         self.sink.apply_cleared(feed.spec.engine)
 
@@ -306,42 +334,24 @@ class KVSubscriber:
         for ev in batch.events:
             c.events += 1
             if isinstance(ev, BlockStored):
-                if ev.kv_cache_spec_kind not in (None, "full_attention"):
-                    # Sliding-window / mamba groups never extend a prefix match.
-                    continue
-                ns = self._namespace(feed, ev)
+                salt, residual = split_event_extra_keys(ev.lora_name, ev.extra_keys)
                 sink.apply_stored(
-                    engine, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ns, now
+                    engine,
+                    ev.block_hashes,
+                    ev.parent_block_hash,
+                    ev.token_ids,
+                    namespace_for(ev.lora_name, salt),
+                    now,
+                    block_size=ev.block_size,
+                    extra_keys=residual,
+                    group_idx=ev.group_idx,
+                    kind=ev.kv_cache_spec_kind,
+                    medium=ev.medium,
                 )
             elif isinstance(ev, BlockRemoved):
-                for h in ev.block_hashes:
-                    feed.salted.pop(h, None)
-                sink.apply_removed(engine, ev.block_hashes)
+                sink.apply_removed(
+                    engine, ev.block_hashes, group_idx=ev.group_idx, medium=ev.medium
+                )
             elif isinstance(ev, AllBlocksCleared):
-                feed.salted.clear()
                 sink.apply_cleared(engine)
         feed.applied.set()
-
-    @staticmethod
-    def _namespace(feed: _EngineFeed, ev: BlockStored) -> Hashable:
-        salt: str | None = None
-        parent = ev.parent_block_hash
-        if parent is not None:
-            inherited = feed.salted.get(parent)
-            if inherited is not None:
-                ns = inherited
-                for h in ev.block_hashes:
-                    feed.salted[h] = ns
-                return ns
-        elif ev.extra_keys and ev.extra_keys[0]:
-            # vLLM's event extra keys of a first block: [lora_name?, mm..., cache_salt?]; the
-            # salt is the last plain string that is not the LoRA name.
-            for key in reversed(ev.extra_keys[0]):
-                if isinstance(key, str) and key != ev.lora_name:
-                    salt = key
-                    break
-        ns = kv_namespace(ev.lora_name, salt)
-        if salt is not None:
-            for h in ev.block_hashes:
-                feed.salted[h] = ns
-        return ns

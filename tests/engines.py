@@ -17,11 +17,12 @@ import time
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from router.engine_client import EngineClient, EngineSpec
-from router.kv_subscriber import KVEndpoints
+from router.kv_subscriber import KVEndpoints, kv_namespace
 from router.wire import EngineReadyResponse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,53 +200,61 @@ def engine(request: pytest.FixtureRequest) -> EngineProc:
 
 
 Hash = int | bytes
+NO_NS = kv_namespace(None, None)
 
 
 class NaiveIndex:
-    """The KV-event sink in its simplest form: blocks by engine hash, matched by walking chains."""
+    """The KV-event sink in its simplest form: blocks by engine hash, matched by walking chains.
+
+    A chain's namespace is the one its root block was stored with (children inherit it).
+    """
 
     def __init__(self) -> None:
-        self.blocks: dict[str, dict[int | bytes, tuple[int | bytes | None, tuple[int, ...]]]] = {}
-        self.namespaces: dict[str, dict[int | bytes, Hashable]] = {}
+        self.blocks: dict[str, dict[Hash, tuple[Hash | None, tuple[int, ...]]]] = {}
+        self.roots: dict[str, dict[Hash, Hashable]] = {}
         self.cleared: dict[str, int] = {}
 
     def apply_stored(
         self,
         engine: str,
-        block_hashes: Sequence[int | bytes],
-        parent_block_hash: int | bytes | None,
+        block_hashes: Sequence[Hash],
+        parent_block_hash: Hash | None,
         token_ids: Sequence[int],
         namespace: Hashable,
         now: float,
+        **details: object,
     ) -> None:
         blocks = self.blocks.setdefault(engine, {})
         size = len(token_ids) // len(block_hashes)
         parent = parent_block_hash
+        if parent is None:
+            self.roots.setdefault(engine, {})[block_hashes[0]] = namespace
         for i, h in enumerate(block_hashes):
             blocks[h] = (parent, tuple(token_ids[i * size : (i + 1) * size]))
-            self.namespaces.setdefault(engine, {})[h] = namespace
             parent = h
 
-    def apply_removed(self, engine: str, block_hashes: Sequence[int | bytes]) -> None:
+    def apply_removed(self, engine: str, block_hashes: Sequence[Hash], **details: object) -> None:
         for h in block_hashes:
             self.blocks.get(engine, {}).pop(h, None)
-            self.namespaces.get(engine, {}).pop(h, None)
+            self.roots.get(engine, {}).pop(h, None)
 
     def apply_cleared(self, engine: str) -> None:
         self.blocks[engine] = {}
-        self.namespaces[engine] = {}
+        self.roots[engine] = {}
         self.cleared[engine] = self.cleared.get(engine, 0) + 1
 
-    def match(self, engine: str, tokens: Sequence[int], block_size: int) -> int:
+    def match(
+        self, engine: str, tokens: Sequence[int], block_size: int, namespace: Hashable = NO_NS
+    ) -> int:
         """Prompt tokens covered by a chain of full blocks this engine holds."""
         blocks = self.blocks.get(engine, {})
+        roots = self.roots.get(engine, {})
         by_key = {(p, t): h for h, (p, t) in blocks.items()}
-        parent: int | bytes | None = None
+        parent: Hash | None = None
         matched = 0
         while matched + block_size <= len(tokens):
-            key = (parent, tuple(tokens[matched : matched + block_size]))
-            h = by_key.get(key)
-            if h is None:
+            h = by_key.get((parent, tuple(tokens[matched : matched + block_size])))
+            if h is None or (parent is None and roots.get(h) != namespace):
                 break
             parent = h
             matched += block_size
@@ -253,3 +262,22 @@ class NaiveIndex:
 
     def snapshot(self, engine: str) -> dict[Hash, tuple[Hash | None, tuple[int, ...]]]:
         return dict(self.blocks.get(engine, {}))
+
+
+class Tee:
+    """Feeds several sinks the same events (the naive index next to radix.PrefixIndex)."""
+
+    def __init__(self, *sinks: Any) -> None:
+        self.sinks = sinks
+
+    def apply_stored(self, *args: Any, **kwargs: Any) -> None:
+        for sink in self.sinks:
+            sink.apply_stored(*args, **kwargs)
+
+    def apply_removed(self, *args: Any, **kwargs: Any) -> None:
+        for sink in self.sinks:
+            sink.apply_removed(*args, **kwargs)
+
+    def apply_cleared(self, engine: str) -> None:
+        for sink in self.sinks:
+            sink.apply_cleared(engine)

@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from radix import PrefixIndex
 from render.sampling import OUTPUT_DELTA, SamplingParams
 from router.engine_client import EngineClient, UtilityCallError
-from router.kv_subscriber import KVSubscriber
+from router.kv_subscriber import KVSubscriber, kv_namespace
 from router.ndarrays import Logprobs
 from router.wire import EngineCoreOutput, EngineCoreRequest, FinishReason
-from tests.engines import EngineProc, NaiveIndex
+from tests.engines import EngineProc, NaiveIndex, Tee
 
 
 def make_request(
@@ -136,7 +137,9 @@ async def test_kv_events_and_prefix_hits(link: EngineClient, engine: EngineProc)
     name = engine.name
     assert await link.call_utility(name, "reset_prefix_cache") is True
     index = NaiveIndex()
-    async with KVSubscriber(index) as sub:
+    radix = PrefixIndex(max_blocks=100_000)
+    radix.add_engine(name, bs)
+    async with KVSubscriber(Tee(index, radix)) as sub:
         sub.add_engine(engine.kv)
         prompt = random_prompt(2 * bs + bs // 2)
         first = await (await link.submit(name, make_request(prompt, 3))).collect()
@@ -150,6 +153,8 @@ async def test_kv_events_and_prefix_hits(link: EngineClient, engine: EngineProc)
         cached = again[0].prefill_stats["num_cached_tokens"]
         assert cached > 0
         assert cached == index.match(name, prompt, bs)
+        ns = kv_namespace(None, None)
+        assert radix.match(prompt, ns, time.time())[name].confirmed_tokens == cached
 
         # Live path: a new prefix's BlockStored arrives on the SUB socket by itself.
         other = random_prompt(bs + 4)
