@@ -1,0 +1,205 @@
+"""KV-event subscriber: sequence logic, vLLM's endpoint rule, and replay over a lossy link."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from router.engine_client import EngineClient
+from router.kv_subscriber import (
+    KVEndpoints,
+    KVSubscriber,
+    dial_address,
+    engine_binds,
+    kv_namespace,
+    offset_endpoint,
+)
+from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from tests.engines import NaiveIndex, free_tcp_port, make_engine
+from tests.test_engine_client import make_request
+
+ENC = msgspec.msgpack.Encoder()
+BS = 4
+
+
+def stored(
+    hashes: list[int], parent: int | None, tokens: list[int], salt: str | None = None
+) -> Any:
+    extra = [[salt]] + [None] * (len(hashes) - 1) if salt else None
+    return BlockStored(hashes, parent, tokens, BS, None, "GPU", None, extra_keys=extra)
+
+
+def batch(*events: object, ts: float | None = None) -> bytes:
+    return ENC.encode(KVEventBatch(time.time() if ts is None else ts, list(events)))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def sub_no_replay() -> AsyncIterator[tuple[KVSubscriber, NaiveIndex]]:
+    index = NaiveIndex()
+    async with KVSubscriber(index) as sub:
+        # Nobody publishes here: the tests drive on_batch() directly.
+        sub.add_engine(KVEndpoints("e", "ipc:///nonexistent/kv"))
+        yield sub, index
+
+
+async def test_sequence_gap_without_replay_counts_loss(sub_no_replay: Any) -> None:
+    sub, index = sub_no_replay
+    await sub.on_batch("e", 0, batch(stored([1], None, [1, 2, 3, 4])))
+    await sub.on_batch("e", 3, batch(stored([2], 1, [5, 6, 7, 8])))
+    c = sub.counters("e")
+    assert (c.gaps, c.lost_batches, c.batches, c.last_seq) == (1, 2, 2, 3)
+    assert index.match("e", [1, 2, 3, 4, 5, 6, 7, 8], BS) == 8
+
+
+async def test_duplicate_is_skipped_and_reset_clears(sub_no_replay: Any) -> None:
+    sub, index = sub_no_replay
+    b0 = batch(stored([1, 2], None, list(range(8))), ts=1.0)
+    await sub.on_batch("e", 0, b0)
+    await sub.on_batch("e", 1, batch(BlockRemoved([2], "GPU")))
+    await sub.on_batch("e", 0, b0)  # the same batch again
+    c = sub.counters("e")
+    assert c.duplicates == 1 and c.resets == 0
+    assert set(index.snapshot("e")) == {1}
+    # A restarted engine numbers from 0 again, with new content: the old view must go.
+    await sub.on_batch("e", 0, batch(stored([9], None, [7, 7, 7, 7]), ts=2.0))
+    assert c.resets == 1
+    assert set(index.snapshot("e")) == {9}
+    assert index.cleared["e"] == 1
+
+
+async def test_undecodable_batch_is_counted_and_skipped(sub_no_replay: Any) -> None:
+    sub, index = sub_no_replay
+    await sub.on_batch("e", 0, b"\xc1not msgpack")
+    await sub.on_batch("e", 1, ENC.encode([1.0, [{"type": "NoSuchEvent"}]]))
+    await sub.on_batch("e", 2, batch(stored([5], None, [1, 1, 1, 1]), AllBlocksCleared()))
+    await sub.on_batch("e", 3, batch(stored([6], None, [2, 2, 2, 2])))
+    c = sub.counters("e")
+    assert (c.decode_errors, c.batches, c.gaps) == (2, 2, 0)
+    assert set(index.snapshot("e")) == {6}
+
+
+async def test_salted_chain_namespace(sub_no_replay: Any) -> None:
+    sub, index = sub_no_replay
+    await sub.on_batch("e", 0, batch(stored([1, 2], None, list(range(8)), salt="tenant")))
+    await sub.on_batch("e", 1, batch(stored([3], 2, [8, 9, 10, 11])))
+    prompt = list(range(12))
+    assert index.match("e", prompt, BS) == 0
+    assert index.match("e", prompt, BS, kv_namespace(None, "tenant")) == 12
+
+
+def test_endpoint_rule_mirrors_vllm() -> None:
+    assert engine_binds("tcp://*:5557") and engine_binds("ipc:///tmp/x")
+    assert engine_binds("tcp://[::]:5557") and engine_binds("inproc://kv")
+    assert not engine_binds("tcp://10.0.0.5:5557")
+    assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint("tcp://*:0", 2) == "tcp://*:0"
+    assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
+    assert dial_address("tcp://*:5557", "10.1.2.3") == "tcp://10.1.2.3:5557"
+    assert dial_address("ipc:///tmp/x", "10.1.2.3") == "ipc:///tmp/x"
+
+
+async def test_subscriber_binds_when_engine_connects() -> None:
+    """A non-wildcard TCP endpoint: vLLM's PUB connects, so the subscriber must bind."""
+    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
+    index = NaiveIndex()
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        async with KVSubscriber(index) as sub:
+            assert sub.add_engine(KVEndpoints("e", endpoint, topic="kv")) == endpoint
+            pub.connect(endpoint)
+            payload = batch(stored([1], None, [1, 2, 3, 4]))
+            # PUB drops messages until the connection is up: publish until one lands.
+            for _ in range(100):
+                await pub.send_multipart((b"kv", (0).to_bytes(8, "big"), payload))
+                with contextlib.suppress(TimeoutError):
+                    await sub.wait_applied("e", 0.1)
+                    break
+            assert index.match("e", [1, 2, 3, 4], BS) == 4
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+
+
+class LossyProxy:
+    """Between the engine's PUB and the subscriber: drops and duplicates batches while lossy."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, upstream: str, downstream: str) -> None:
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(upstream)
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.bind(downstream)
+        self.lossy = True
+        self.dropped = self.duplicated = 0
+
+    async def run(self) -> None:
+        while True:
+            frames = await self.sub.recv_multipart()
+            seq = int.from_bytes(frames[1], "big")
+            if self.lossy and seq % 4 == 1:
+                self.dropped += 1
+                continue
+            await self.pub.send_multipart(frames)
+            if self.lossy and seq % 5 == 2:
+                self.duplicated += 1
+                await self.pub.send_multipart(frames)
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.pub.close(linger=0)
+
+
+async def test_replay_restores_exact_index_over_lossy_link(tmp_path: Path) -> None:
+    # Few blocks, so evictions (BlockRemoved) happen too.
+    engine = make_engine("sim", "kv", tmp_path, block_size="16", num_gpu_blocks="48")
+    ctx = zmq.asyncio.Context()
+    proxy = LossyProxy(ctx, engine.kv.endpoint, f"ipc://{tmp_path}/proxy")
+    proxy_task = asyncio.create_task(proxy.run())
+    lossy_index, ref_index = NaiveIndex(), NaiveIndex()
+    via_proxy = KVEndpoints("kv", f"ipc://{tmp_path}/proxy", engine.kv.replay_endpoint, "kv")
+    try:
+        async with EngineClient([engine.spec]) as client, KVSubscriber(lossy_index) as lossy:
+            lossy.add_engine(via_proxy)
+            engine.spawn()
+            await client.wait_ready(60.0)
+            rng = random.Random(7)
+            stems = [[rng.randrange(1000, 50_000) for _ in range(64)] for _ in range(4)]
+            for i in range(40):
+                prompt = stems[i % 4][: 16 * rng.randrange(1, 5)] + [rng.randrange(1000, 50_000)]
+                prompt += [rng.randrange(1000, 50_000) for _ in range(rng.randrange(0, 40))]
+                await (await client.submit("kv", make_request(prompt, 3))).collect()
+            proxy.lossy = False
+            await (await client.submit("kv", make_request(stems[0], 20))).collect()
+
+            async with KVSubscriber(ref_index) as ref:
+                ref.add_engine(KVEndpoints("kv", engine.kv.endpoint, engine.kv.replay_endpoint))
+                await ref.resync("kv")  # everything, straight from the engine's buffer
+                last = ref.counters("kv").last_seq
+            assert last is not None and last > 20
+            deadline = time.monotonic() + 20
+            while lossy.counters("kv").last_seq != last:
+                await lossy.wait_applied("kv", max(0.1, deadline - time.monotonic()))
+            c = lossy.counters("kv")
+            assert proxy.dropped > 0 and proxy.duplicated > 0
+            assert c.gaps > 0 and c.replays > 0 and c.duplicates > 0
+            assert c.lost_batches == 0 and c.decode_errors == 0
+            assert lossy_index.snapshot("kv") == ref_index.snapshot("kv")
+            assert len(ref_index.snapshot("kv")) > 0
+    finally:
+        proxy_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await proxy_task
+        proxy.close()
+        ctx.term()
+        engine.kill()
