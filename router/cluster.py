@@ -146,6 +146,11 @@ class LocalCluster:
     def _set_app(self, app: Any) -> None:
         self._app = app
 
+    def begin_shutdown(self) -> None:
+        """What SIGTERM does: readiness flips now, streams drain, then the server closes."""
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+
     def kill_engine(self, name: str) -> None:
         """A crash: SIGKILL, no ENGINE_CORE_DEAD (process engines only)."""
         self.procs[name].kill()

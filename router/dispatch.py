@@ -21,6 +21,9 @@ from router.wire import EngineCoreOutput, EngineCoreRequest, LoRARequest
 
 log = logging.getLogger("kvroute.router")
 
+BREAKER_BASE = 5.0  # seconds an engine is skipped after a failure before its first token
+BREAKER_MAX = 60.0
+
 
 @dataclass(slots=True)
 class Routed:
@@ -56,9 +59,25 @@ class Dispatcher:
         self.admission = admission
         self.metrics = metrics
         self.clock = clock
+        # Circuit breaker: an engine that failed a request before its first token is skipped
+        # for a while (doubling per consecutive failure), even if its link still looks up.
+        self._suspect_until: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
 
     def healthy(self) -> list[str]:
-        return [n for n, e in self.client.engines.items() if e.status is EngineStatus.READY]
+        now = self.clock()
+        return [n for n, e in self.client.engines.items()
+                if e.status is EngineStatus.READY and self._suspect_until.get(n, 0.0) <= now]
+
+    def _failed(self, engine: str) -> None:
+        count = self._failures.get(engine, 0) + 1
+        self._failures[engine] = count
+        self._suspect_until[engine] = self.clock() + min(BREAKER_BASE * 2 ** (count - 1),
+                                                         BREAKER_MAX)
+
+    def _succeeded(self, engine: str) -> None:
+        if self._failures.pop(engine, None) is not None:
+            self._suspect_until.pop(engine, None)
 
     def _engine_stats(self, engine: str) -> tuple[int, int]:
         stats = self.client.engines[engine].scheduler_stats or {}
@@ -111,6 +130,7 @@ class Dispatcher:
                     self.admission.prefilled(engine, uncached // n)
                     self.admission.release(engine)
                 excluded.add(engine)
+                self._failed(engine)
                 if attempt == 1:
                     self.metrics.retries.inc()
                 log.warning("engine failed before the first token", extra={
@@ -118,6 +138,7 @@ class Dispatcher:
                 continue
             for _ in children:
                 self.admission.prefilled(engine, uncached // n)
+            self._succeeded(engine)
             self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
             self.metrics.predicted_cached.labels(engine).inc(decision.cached_tokens)
             reported = _cached_tokens(first[0])

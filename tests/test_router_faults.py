@@ -1,0 +1,198 @@
+"""Faults and load: engine killed mid-run, client disconnects, limits, auth, body limit, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from router.cluster import ClusterOptions, LocalCluster
+from router.config import Limits
+
+MODEL = "Qwen/Qwen3-0.6B"
+
+
+def _chat(user: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": user}],
+            "max_tokens": max_tokens, **kw}
+
+
+def eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll a condition owned by another thread/process (it has no event to wait on)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def proc_cluster() -> Iterator[LocalCluster]:
+    opts = ClusterOptions(engines=2, processes=True, sim={"step_time": 0.02},
+                          limits=Limits(engine_dead_after=2.0))
+    with LocalCluster(opts) as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_engine_killed_mid_run(proc_cluster: LocalCluster) -> None:
+    client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
+                           timeout=30)
+    with client.chat.completions.with_streaming_response.create(
+            **_chat("long one", 2000), stream=True) as resp:
+        victim = resp.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
+        chunks = resp.parse()
+        next(chunks)
+        proc_cluster.kill_engine(victim)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIError):  # the error event inside the stream
+            for _ in chunks:
+                pass
+        assert time.monotonic() - t0 < 15  # no hang: the death deadline ended it
+    # Requests right after the crash: the ones placed on the dead engine before the router
+    # noticed are retried (they had no token yet); none fails.
+    survivor = next(n for n in proc_cluster.names if n != victim)
+    for i in range(6):
+        raw = client.chat.completions.with_raw_response.create(**_chat(f"after {i}", 4))
+        assert raw.parse().choices[0].finish_reason == "length"
+        assert survivor in raw.headers["x-kvroute-route"]
+    with httpx.Client(base_url=proc_cluster.base_url) as http:
+        metrics = http.get("/metrics").text
+    assert f'kvroute_engine_healthy{{engine="{victim}"}} 0.0' in metrics
+
+
+@pytest.mark.slow
+def test_no_token_request_is_retried_on_another_engine(proc_cluster: LocalCluster) -> None:
+    victim = proc_cluster.names[0]
+    proc_cluster.kill_engine(victim)
+    # The router has not noticed (SIGKILL sends nothing): prompts that land on the dead engine
+    # fail before their first token and are retried on the other one.
+    st = proc_cluster.state
+    client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
+                           timeout=30)
+    for i in range(4):
+        chat = client.chat.completions.create(**_chat(f"retry me {i}", 4))
+        assert chat.choices[0].finish_reason == "length"
+    with httpx.Client(base_url=proc_cluster.base_url) as http:
+        metrics = http.get("/metrics").text
+    retried = [line for line in metrics.splitlines() if line.startswith("kvroute_retries_total")]
+    assert retried and float(retried[0].split()[-1]) >= 1.0, retried
+    assert victim not in st.dispatcher.healthy()  # the circuit breaker skips it now
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    opts = ClusterOptions(engines=2, sim={"step_time": 0.01},
+                          limits=Limits(max_in_flight_per_engine=64, max_body_bytes=200_000))
+    with LocalCluster(opts) as c:
+        yield c
+
+
+def test_client_disconnect_aborts_on_the_engine(cluster: LocalCluster) -> None:
+    with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions",
+                         json=_chat("disconnect me", 5000, stream=True)) as resp:
+            engine = resp.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
+            sched = cluster.threads[engine].engine.scheduler
+            lines = resp.iter_lines()
+            next(lines)
+            assert sched.requests  # running on the engine
+    eventually(lambda: not sched.requests)  # the ABORT reached the engine
+    eventually(lambda: not cluster.state.client.engines[engine].in_flight)
+
+
+def test_api_key_and_body_limit() -> None:
+    opts = ClusterOptions(engines=1, api_key="sekret", limits=Limits(max_body_bytes=1000))
+    with LocalCluster(opts) as c, httpx.Client(base_url=c.base_url) as http:
+        body = _chat("hi", 2)
+        assert http.post("/v1/chat/completions", json=body).status_code == 401
+        bad = http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer no"})
+        assert bad.status_code == 401 and bad.json()["error"]["type"] == "AuthenticationError"
+        ok = http.post("/v1/chat/completions", json=body,
+                       headers={"authorization": "Bearer sekret"})
+        assert ok.status_code == 200, ok.text
+        for probe in ("/health", "/ready", "/metrics"):
+            assert http.get(probe).status_code == 200
+        big = http.post("/v1/chat/completions", json=_chat("x" * 5000, 2),
+                        headers={"authorization": "Bearer sekret"})
+        assert big.status_code == 413
+
+
+def test_full_engines_queue_then_429_and_503() -> None:
+    opts = ClusterOptions(engines=1, sim={"step_time": 0.02},
+                          limits=Limits(max_in_flight_per_engine=1, max_queue=1,
+                                        queue_timeout=0.5, retry_after=3))
+
+    async def run(base: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            long = asyncio.ensure_future(http.post("/v1/completions", json={
+                "model": MODEL, "prompt": "hold the slot", "max_tokens": 200}))
+            # Let the first one take the slot (it is waiting on the engine after this).
+            await asyncio.sleep(0)
+            waiters = [asyncio.ensure_future(http.post("/v1/completions", json={
+                "model": MODEL, "prompt": f"w{i}", "max_tokens": 2})) for i in range(2)]
+            return [await long, *[await w for w in waiters]]
+
+    with LocalCluster(opts) as c:
+        first, *rest = asyncio.run(run(c.base_url))
+    assert first.status_code == 200
+    codes = sorted(r.status_code for r in rest)
+    assert codes == [429, 503], [r.text for r in rest]
+    for r in rest:
+        assert r.headers["retry-after"] == "3"
+        assert r.json()["error"]["code"] in (429, 503)
+
+
+def test_graceful_shutdown_drains_streams() -> None:
+    c = LocalCluster(ClusterOptions(engines=1, sim={"step_time": 0.01}))
+    c.start()
+    try:
+        done = threading.Event()
+        text: list[str] = []
+        with httpx.Client(base_url=c.base_url, timeout=30) as http:
+            with http.stream("POST", "/v1/completions", json={
+                    "model": MODEL, "prompt": "drain", "max_tokens": 100, "stream": True}) as r:
+                lines = r.iter_lines()
+                text.append(next(lines))
+                c.begin_shutdown()
+                with httpx.Client(base_url=c.base_url, timeout=5) as probe:
+                    eventually(lambda: probe.get("/ready").status_code == 503)
+                    refused = probe.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+                    assert refused.status_code == 503
+                text.extend(lines)
+                done.set()
+        assert text[-2:] == ["data: [DONE]", ""] or text[-1] == "data: [DONE]"
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_1000_concurrent_streams_complete(cluster: LocalCluster) -> None:
+    async def one(http: httpx.AsyncClient, i: int) -> int:
+        events = 0
+        async with http.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": f"stream {i % 50}", "max_tokens": 8,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events += 1
+                if line == "data: [DONE]":
+                    return events
+        raise AssertionError("stream ended without [DONE]")
+
+    async def run() -> list[int]:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+        async with httpx.AsyncClient(base_url=cluster.base_url, timeout=120,
+                                     limits=limits) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(1000)))
+
+    counts = asyncio.run(run())
+    assert len(counts) == 1000 and all(n >= 1 for n in counts)
+    assert sum(e.num_in_flight for e in cluster.state.client.engines.values()) == 0
