@@ -146,7 +146,7 @@ def replay(
     sock = ctx.socket(zmq.DEALER)
     sock.connect(endpoint)
     sock.send_multipart([b"", start.to_bytes(8, "big")])
-    batches = []
+    batches: list[tuple[int, bytes]] = []
     try:
         while True:
             assert sock.poll(TIMEOUT_MS), "replay did not answer"
@@ -308,14 +308,17 @@ def test_prefix_hits_are_reported_and_namespaced(sim: Harness) -> None:
     assert got["b"][0].prefill_stats["num_cached_tokens"] == 12
     assert got["b"][0].prefill_stats["num_computed_tokens"] == 17 - 12
     for rid in ("salted", "lora"):
-        assert got[rid][0].prefill_stats is not None
-        assert got[rid][0].prefill_stats["num_cached_tokens"] == 0
+        first = got[rid][0].prefill_stats
+        assert first is not None and first["num_cached_tokens"] == 0
     assert sum(s["prefix_cache_stats"]["hits"] for s in stats) == 12
     stored = [e for e in events_of(sim.replay()) if isinstance(e, wire.BlockStored)]
     by_first_token = {tuple(e.token_ids[:1]): e for e in stored if e.parent_block_hash is None}
     plain, salted_or_lora = stored[0], [e for e in stored if e.extra_keys and e.extra_keys[0]]
     assert plain.extra_keys == [None] * len(plain.block_hashes) and plain.medium == "GPU"
-    assert {tuple(e.extra_keys[0] or ()) for e in salted_or_lora} == {("tenant",), ("adapter",)}
+    assert {tuple((e.extra_keys or [None])[0] or ()) for e in salted_or_lora} == {
+        ("tenant",),
+        ("adapter",),
+    }
     lora_event = next(e for e in salted_or_lora if e.lora_name == "adapter")
     assert lora_event.lora_id == 1 and lora_event.extra_keys == [["adapter"]] * 3
     assert len(by_first_token) == 1  # the three namespaces share tokens, not hashes
@@ -516,7 +519,8 @@ def test_continuous_batching_respects_max_num_seqs(sim: Harness) -> None:
         fe.add(r, [k + 1] * 6, max_tokens=4)
     got, stats = fe.run(*rids)
     assert max(s["num_running_reqs"] for s in stats) == 2
-    assert max(s["num_waiting_reqs"] for s in stats) == 3
+    # 3 wait behind the first two; 4 if stats were taken before the second was admitted
+    assert 3 <= max(s["num_waiting_reqs"] for s in stats) <= 4
     assert all(len(fe.tokens(got[r])) == 4 for r in rids)
 
 
