@@ -369,14 +369,16 @@ def test_reset_prefix_cache_clears_on_next_step(sim: Harness) -> None:
     assert fe.utility(1, "reset_prefix_cache").result == [None, False]  # blocks in use
     fe.abort("a")
     assert fe.utility(2, "reset_prefix_cache").result == [None, True]
-    before = len(sim.replay())
     fe.add("b", prompt, max_tokens=1)
     got, _ = fe.run("b")
     assert got["b"][0].prefill_stats is not None
     assert got["b"][0].prefill_stats["num_cached_tokens"] == 0
-    after = events_of(sim.replay(before))
-    assert isinstance(after[0], wire.AllBlocksCleared)
-    assert isinstance(after[1], wire.BlockStored)
+    events = events_of(sim.replay())
+    cleared = [i for i, e in enumerate(events) if isinstance(e, wire.AllBlocksCleared)]
+    assert len(cleared) == 1
+    (stored_b,) = events[cleared[0] + 1 :]
+    assert isinstance(stored_b, wire.BlockStored) and stored_b.token_ids == prompt
+    assert cached_multiset(events) == Counter(stored_b.block_hashes)
 
 
 def test_pub_frames_match_replay_and_sequence_is_gapless(
