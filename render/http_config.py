@@ -36,6 +36,7 @@ class ServerConfig:
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     render_threads: int = 2
     access_log: bool = False
+    switch_interval: float = 0.0005
 
     @property
     def default_model(self) -> str:
