@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -131,6 +133,30 @@ def test_shared_prefix_goes_to_the_holder_and_hits_on_the_engine(
         cached.append(raw.parse().usage.prompt_tokens_details.cached_tokens)
     assert len(set(engines)) == 1, engines
     assert cached[0] == 0 and all(c >= 128 for c in cached[1:]), cached  # engine-reported
+
+
+def test_load_imbalance_spills_to_other_engines(client: Any, model: str) -> None:
+    system = "Hot tenant 7: everyone shares this long preamble before asking. " * 20
+    body = {"model": model, "max_tokens": 48,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "warm up"}]}
+    home = client.chat.completions.with_raw_response.create(**body).headers["x-kvroute-route"]
+    home_engine = home.split(";")[0]
+
+    def one(i: int) -> tuple[str, str]:
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}]
+        raw = client.chat.completions.with_raw_response.create(**{**body, "messages": msgs})
+        engine, _, reason = (p.strip() for p in raw.headers["x-kvroute-route"].split(";"))
+        return engine, reason
+
+    with ThreadPoolExecutor(24) as pool:
+        routes = list(pool.map(one, range(24)))
+    per_engine = Counter(engine for engine, _ in routes)
+    # The prefix holder takes the most, but queued work on it makes others cheaper.
+    assert per_engine[home_engine] == max(per_engine.values()), per_engine
+    assert len(per_engine) >= 2, per_engine
+    # The first to leave the holder is a spill; later ones hit the new copies of the prefix.
+    assert Counter(r for _, r in routes)["reason=spill"] >= 1
 
 
 def test_models_tokenize_health_ready_metrics(cluster: LocalCluster, client: Any,
