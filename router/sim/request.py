@@ -35,6 +35,9 @@ class SimRequest:
         "skip_prefix",
         "finished",
         "num_preemptions",
+        "num_tokens",
+        "stream",
+        "stream_start",
     )
 
     def __init__(self, req: EngineCoreRequest, key: int, max_model_len: int) -> None:
@@ -44,6 +47,8 @@ class SimRequest:
         self.client_index = req.client_index
         self.tokens: list[int] = list(req.prompt_token_ids)
         self.num_prompt = len(self.tokens)
+        # Kept in step with ``tokens``: read for every running request in every step.
+        self.num_tokens = self.num_prompt
         self.num_computed = 0
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
@@ -74,14 +79,13 @@ class SimRequest:
         self.skip_prefix = bool(sp.skip_reading_prefix_cache) or sp.prompt_logprobs is not None
         self.finished = False
         self.num_preemptions = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
+        # Pre-drawn output ids for positions stream_start.. (see tokens.token_stream).
+        self.stream: list[int] = []
+        self.stream_start = 0
 
     @property
     def num_output(self) -> int:
-        return len(self.tokens) - self.num_prompt
+        return self.num_tokens - self.num_prompt
 
     def extra_keys(self, start_block: int, end_block: int) -> list[list[Any] | None]:
         """vLLM's per-block event extra keys: the LoRA name on every block, the salt on block 0."""

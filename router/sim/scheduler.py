@@ -20,7 +20,7 @@ import numpy as np
 from router.sim.config import SimConfig
 from router.sim.prefix_cache import BlockPool, chain_hashes
 from router.sim.request import SimRequest
-from router.sim.tokens import logprobs_row, next_token, splitmix64
+from router.sim.tokens import logprobs_row, next_token, splitmix64, token_stream
 from router.wire import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -30,6 +30,8 @@ from router.wire import (
 )
 
 _U64 = float(1 << 64)
+# Output ids drawn per request at a time (numpy-vectorised).
+_STREAM_CHUNK = 32
 
 
 @dataclass
@@ -91,11 +93,19 @@ class Scheduler:
         prefill_tokens = 0
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            num_new = min(
-                req.num_tokens - req.num_computed, budget, cfg.max_model_len - 1 - req.num_computed
-            )
+        bs = self.block_size
+        running = self.running
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            num_new = req.num_tokens - computed
+            if num_new == 1 and (computed + 1) % bs and computed < len(req.blocks) * bs:
+                # Decode within a partly filled block: nothing to allocate or announce.
+                scheduled.append((req, 1, req.num_preemptions))
+                budget -= 1
+                i += 1
+                continue
+            num_new = min(num_new, budget, cfg.max_model_len - 1 - computed)
             if num_new <= 0:
                 i += 1
                 continue
@@ -203,16 +213,32 @@ class Scheduler:
         """Apply a planned step: sample, check stops, free finished requests, build outputs."""
         by_client: dict[int, list[EngineCoreOutput]] = {}
         done = False
+        max_model_len = self.config.max_model_len
+        no_eos_draw = self.config.eos_prob == 0.0
         for req, num_new, preemptions in plan.scheduled:
             if req.finished or req.num_preemptions != preemptions:
                 continue  # aborted, or preempted by a cache reset, while the step ran
             req.num_computed += num_new
             if req.num_computed < req.num_tokens:
                 continue  # a prefill chunk: vLLM emits no partial-prefill output
-            pos = req.num_output
-            token = self._sample(req, pos)
+            pos = req.num_tokens - req.num_prompt
+            k = pos - req.stream_start
+            if no_eos_draw and not req.scripted and pos >= req.min_tokens and k < len(req.stream):
+                token = req.stream[k]  # the common decode path: a pre-drawn id
+            else:
+                token = self._sample(req, pos)
             req.tokens.append(token)
-            finish, stop_reason = self._check_stop(req, token)
+            req.num_tokens += 1
+            # vLLM's check_stop order: EOS, stop ids, then length. Before min_tokens the
+            # sampler never yields a stop id (see _sample), as vLLM masks them.
+            finish: int | None = None
+            stop_reason: int | None = None
+            if token == req.eos:
+                finish = FinishReason.STOP
+            elif token in req.stop_ids:
+                finish, stop_reason = FinishReason.STOP, token
+            elif req.num_tokens >= max_model_len or pos + 1 >= req.max_tokens:
+                finish = FinishReason.LENGTH
             stats = req.prefill_stats
             if stats is not None:
                 req.prefill_stats = None
@@ -224,7 +250,7 @@ class Scheduler:
                 new_logprobs=self._logprobs(req, pos, token) if req.logprobs is not None else None,
                 finish_reason=finish,
                 stop_reason=stop_reason,
-                events=req.take_events(),
+                events=req.take_events() if req.events else None,
                 prefill_stats=stats,
             )
             by_client.setdefault(req.client_index, []).append(out)
@@ -247,30 +273,25 @@ class Scheduler:
     def _sample(self, req: SimRequest, pos: int) -> int:
         table = self.config.tokens
         masked = req.min_stop_ids if pos < req.min_tokens else frozenset()
-        if pos < len(req.scripted) and req.scripted[pos] not in masked:
+        if req.scripted and pos < len(req.scripted) and req.scripted[pos] not in masked:
             return req.scripted[pos]
         eos = req.eos
         p = self.config.eos_prob
         if eos is not None and p > 0.0 and pos >= req.min_tokens:
             if splitmix64(req.key ^ 0x5EED ^ pos) / _U64 < p:
                 return eos
-        token = next_token(table, req.key, pos)
+        k = pos - req.stream_start
+        if not 0 <= k < len(req.stream):
+            req.stream = token_stream(table, req.key, pos, _STREAM_CHUNK)
+            req.stream_start, k = pos, 0
+        token = req.stream[k]
+        if not masked:
+            return token
         salt = 0
         while token in masked and salt < 64:
             salt += 1
             token = next_token(table, req.key ^ salt, pos)
         return token
-
-    def _check_stop(self, req: SimRequest, token: int) -> tuple[int | None, int | str | None]:
-        """vLLM's check_stop order: EOS, stop ids, then length (max_model_len / max_tokens)."""
-        # Before min_tokens the sampler never yields a stop id (see _sample), as vLLM masks them.
-        if token == req.eos:
-            return FinishReason.STOP, None
-        if token in req.stop_ids:
-            return FinishReason.STOP, token
-        if req.num_tokens >= self.config.max_model_len or req.num_output >= req.max_tokens:
-            return FinishReason.LENGTH, None
-        return None, None
 
     def _logprobs(self, req: SimRequest, pos: int, token: int) -> tuple[Any, ...]:
         k = req.logprobs

@@ -103,9 +103,26 @@ def request_key(seed: int, request_id: str, prompt: list[int], params: SamplingP
     return xxhash.xxh3_64_intdigest(request_id.encode(), seed=prompt_hash)
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_POS = np.uint64(0xD6E8FEB86659FD93)
+
+
+def token_stream(table: TokenTable, key: int, start: int, n: int) -> list[int]:
+    """Output ids for positions ``start .. start+n``: splitmix64 over numpy (wrapping uint64), so
+    a running request costs one list lookup per token instead of a Python hash."""
+    x = np.arange(start, start + n, dtype=np.uint64) * _POS ^ np.uint64(key)
+    x += _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    x ^= x >> np.uint64(31)
+    ids: list[int] = table.id_array[x % np.uint64(len(table.ids))].tolist()
+    return ids
+
+
 def next_token(table: TokenTable, key: int, position: int) -> int:
-    ids = table.ids
-    return ids[splitmix64(key ^ (position * 0xD6E8FEB86659FD93 & _M64)) % len(ids)]
+    return token_stream(table, key, position, 1)[0]
 
 
 def logprobs_row(
