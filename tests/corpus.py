@@ -1,4 +1,4 @@
-"""The chat parity corpus: >= 40 OpenAI chat requests per model family, shared by every parity stage.
+"""The chat parity corpus: >= 40 OpenAI chat requests per model family, shared by parity stages.
 
 ``conversations(family)`` returns ``(name, request)`` pairs; each request is a JSON-ready body for
 ``/v1/chat/completions`` (messages plus tools / chat_template_kwargs / add_generation_prompt /

