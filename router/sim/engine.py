@@ -145,8 +145,9 @@ class SimEngine:
             for s in io.inputs:
                 s.close(linger=0)
             for s in io.outputs:
-                # The default linger (4 s) lets ENGINE_CORE_DEAD reach a live peer.
-                s.close()
+                # After a death the socket's 4 s linger lets ENGINE_CORE_DEAD reach a live peer;
+                # a clean stop must not hang on a frontend that is already gone.
+                s.close(linger=None if self.error is not None else 200)
         if self.kv_publisher is not None:
             self.kv_publisher.close()
         self._wake_rx.close(linger=0)

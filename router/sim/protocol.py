@@ -102,6 +102,10 @@ def connect_io(
     inputs = []
     for address in addresses.inputs:
         s = ctx.socket(zmq.DEALER)
+        # Unbounded queues, as vLLM's make_zmq_socket: a slow or absent frontend never makes
+        # the engine drop or block on a message.
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.IDENTITY, config.identity)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(address)
@@ -109,6 +113,7 @@ def connect_io(
     outputs = []
     for address in addresses.outputs:
         s = ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 0)
         # vLLM lingers so ENGINE_CORE_DEAD still leaves when the engine goes down.
         s.setsockopt(zmq.LINGER, 4000)
         s.connect(address)
