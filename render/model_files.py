@@ -16,6 +16,8 @@ from typing import Any
 
 import tokenizers
 
+from render.piece_cache import read_spec
+
 # vLLM's ModelArchConfig: keys that may hold the context length (the smallest present wins).
 _MAX_LEN_KEYS = (
     "max_position_embeddings",
@@ -84,6 +86,8 @@ class ModelFiles:
     generation_config: dict[str, Any]
     tokenizer_config: dict[str, Any]
     tokenizer: tokenizers.Tokenizer
+    # normalizer / pre_tokenizer / added_tokens of tokenizer.json (what the piece cache checks)
+    tokenizer_spec: dict[str, Any]
     chat_template: str | None
     special_tokens: dict[str, str] = field(default_factory=dict)
     tekken_path: Path | None = None
@@ -139,12 +143,14 @@ def load_model_files(
         k: s for k in SPECIAL_TOKEN_KEYS if (s := _token_str(tok_config.get(k))) is not None
     }
     tekken = tok_path / "tekken.json"
+    raw = tok_file.read_bytes()
     return ModelFiles(
         path=path,
         config=_read_json(path / "config.json"),
         generation_config=_read_json(path / "generation_config.json"),
         tokenizer_config=tok_config,
-        tokenizer=tokenizers.Tokenizer.from_file(str(tok_file)),
+        tokenizer=tokenizers.Tokenizer.from_str(raw.decode("utf-8")),
+        tokenizer_spec=read_spec(raw),
         chat_template=template,
         special_tokens=specials,
         tekken_path=tekken if tekken.is_file() else None,

@@ -13,11 +13,12 @@ path.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
+import msgspec
 import tokenizers
 
 # Pieces this long or longer are tokenized but not cached: one-off long documents would evict the
@@ -25,9 +26,23 @@ import tokenizers
 _MAX_CACHED_PIECE = 1 << 20
 
 
-def unsafe_reason(tok: tokenizers.Tokenizer) -> str | None:
+class TokenizerSpec(msgspec.Struct):
+    """The parts of tokenizer.json that decide whether the cut is safe (the vocab is skipped)."""
+
+    added_tokens: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    normalizer: dict[str, Any] | None = None
+    pre_tokenizer: dict[str, Any] | None = None
+
+
+def read_spec(tok_json: bytes | str) -> dict[str, Any]:
+    spec = msgspec.json.decode(tok_json, type=TokenizerSpec)
+    return msgspec.structs.asdict(spec)
+
+
+def unsafe_reason(tok: tokenizers.Tokenizer, spec: dict[str, Any] | None = None) -> str | None:
     """Why cutting on added tokens could differ from the tokenizer's own cut (None: it can't)."""
-    spec = json.loads(tok.to_str())
+    if spec is None:
+        spec = read_spec(tok.to_str())
     normalizer = spec.get("normalizer")
     trivial_norm = normalizer is None or (
         normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")
@@ -55,10 +70,15 @@ def _has_first_only_metaspace(node: object) -> bool:
 class PieceCache:
     """``encode(text)`` equal to ``tokenizer.encode(text, add_special_tokens=False).ids``."""
 
-    def __init__(self, tok: tokenizers.Tokenizer, max_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        tok: tokenizers.Tokenizer,
+        max_bytes: int = 64 << 20,
+        spec: dict[str, Any] | None = None,
+    ) -> None:
         self._tok = tok
         self.max_bytes = max_bytes
-        self.unsafe = unsafe_reason(tok)
+        self.unsafe = unsafe_reason(tok, spec)
         added = tok.get_added_tokens_decoder()
         self._added_ids = {t.content: i for i, t in added.items()}
         contents = sorted(self._added_ids, key=len, reverse=True)

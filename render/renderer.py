@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
 from msgspec import UNSET
 
 from render.errors import BadRequestError, ContextLengthError, TemplateUnavailableError
-from render.harmony import HarmonyRenderer
 from render.messages import normalize_messages, tool_dicts
-from render.mistral import MistralRenderer
 from render.model_files import ModelFiles, derive_max_model_len, load_model_files
 from render.params import build_sampling_params, default_sampling_params, max_tokens_for
 from render.piece_cache import PieceCache
@@ -32,6 +30,10 @@ from render.protocol import (
     TokenizeResponse,
 )
 from render.template import ChatTemplate, TemplateCache
+
+if TYPE_CHECKING:
+    from render.harmony import HarmonyRenderer
+    from render.mistral import MistralRenderer
 
 # apply_chat_template's own parameters: never passed to the template as variables.
 _APPLY_PARAMS = frozenset(
@@ -78,16 +80,22 @@ class Renderer:
         self.max_model_len = max_model_len
         self.allow_request_chat_template = allow_request_chat_template
         self.tokenizer: tokenizers.Tokenizer = files.tokenizer
-        self.pieces = PieceCache(files.tokenizer, cache_bytes)
+        self.pieces = PieceCache(files.tokenizer, cache_bytes, files.tokenizer_spec)
         self._templates = TemplateCache()
         self.generation_config = files.generation_config
         self.default_sampling = default_sampling_params(files.generation_config)
         self.eos_token_id = files.eos_token_id
         self.vocab_size = files.vocab_size
-        self._harmony = (
-            HarmonyRenderer(harmony_start_date) if files.model_type == "gpt_oss" else None
-        )
-        self._mistral = MistralRenderer(files.tekken_path) if files.tekken_path else None
+        self._harmony: HarmonyRenderer | None = None
+        if files.model_type == "gpt_oss":
+            from render.harmony import HarmonyRenderer  # openai_harmony only for gpt-oss
+
+            self._harmony = HarmonyRenderer(harmony_start_date)
+        self._mistral: MistralRenderer | None = None
+        if files.tekken_path is not None:
+            from render.mistral import MistralRenderer  # mistral-common only for tekken models
+
+            self._mistral = MistralRenderer(files.tekken_path)
         self._affixes = self._special_affixes()
 
     @classmethod
