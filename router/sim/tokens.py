@@ -10,11 +10,12 @@ identical requests give identical outputs; unseeded sampling differs per request
 from __future__ import annotations
 
 import json
-import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import xxhash
@@ -22,9 +23,14 @@ import xxhash
 from render.sampling import SamplingParams
 
 _M64 = (1 << 64) - 1
-_WORD = re.compile(r"^[A-Za-z]{2,12}$")
 # Byte-level BPE (GPT-2/Qwen/Llama 3) and SentencePiece spellings of a leading space.
-_SPACE_MARKS = ("\u0120", "\u2581")
+_SPACE_MARKS = "\u0120\u2581"
+
+
+def _is_word(piece: str) -> bool:
+    """An ASCII word of 2-12 letters, optionally after a leading-space mark."""
+    body = piece.lstrip(_SPACE_MARKS)
+    return 2 <= len(body) <= 12 and body.isascii() and body.isalpha()
 
 
 def splitmix64(x: int) -> int:
@@ -59,17 +65,14 @@ class TokenTable:
     @classmethod
     def from_model_dir(cls, model_dir: Path) -> TokenTable:
         """Read tokenizer.json (+ generation_config.json / config.json for EOS and vocab size)."""
-        tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        vocab: dict[str, int] = tok["model"]["vocab"]
+        # msgspec decodes only the two fields we need, several times faster than json on 10 MB.
+        tok = msgspec.json.decode((model_dir / "tokenizer.json").read_bytes(), type=_TokenizerJson)
+        vocab = tok.model.vocab
         if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-            vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-        special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
+            vocab = {str(piece): i for i, (piece, _) in enumerate(vocab)}
+        special = {t.id for t in tok.added_tokens if t.special}
         eos = _read_eos(model_dir)
-        words = [
-            i
-            for piece, i in vocab.items()
-            if i not in special and _WORD.match(piece.lstrip("".join(_SPACE_MARKS)))
-        ]
+        words = [i for piece, i in vocab.items() if i not in special and _is_word(piece)]
         size = max([*vocab.values(), *special, 0]) + 1
         config = model_dir / "config.json"
         if config.exists():
@@ -79,6 +82,20 @@ class TokenTable:
             banned = special | set(eos)
             words = [i for i in vocab.values() if i not in banned]
         return cls(tuple(sorted(words)), size, eos)
+
+
+class _AddedToken(msgspec.Struct):
+    id: int
+    special: bool = False
+
+
+class _TokenizerModel(msgspec.Struct):
+    vocab: dict[str, int] | list[list[Any]]
+
+
+class _TokenizerJson(msgspec.Struct):
+    model: _TokenizerModel
+    added_tokens: list[_AddedToken] = []
 
 
 def _read_eos(model_dir: Path) -> tuple[int, ...]:
