@@ -7,8 +7,10 @@ Layout (memory is the constraint: millions of blocks, <= 200 bytes each):
 - per engine, ``hashes``: its opaque block hash -> our key (the same int object as the node key),
   which is how removals and parent hashes are resolved.  vLLM's hash functions are never
   reproduced: keys are our own xxh3 chain over the token ids the events carry.
-- ``seq`` is a logical clock, unique per node, renewed when a block is stored or matched; when the
-  index outgrows ``max_blocks`` the lowest seqs go first (least recently matched), in batches.
+- ``seq`` is a logical clock: each store or match takes the next value and stamps every block it
+  stores or matches with it.  Blocks with the same mask and stamp share one int object, so the
+  value costs nothing per block.  When the index outgrows ``max_blocks``, the oldest stamps go
+  first (least recently matched), whole stamps at a time, down to a low-water mark.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from itertools import compress
+from operator import is_not
+from typing import Any, NamedTuple, cast
 
 from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, token_bytes
 from radix.optimistic import Optimistic
@@ -205,28 +209,34 @@ class PrefixIndex:
             if not extra_keys
             else block_keys_with_extras(buf, size, seed, extra_keys)
         )
+        try:
+            hs: list[BlockHash] = [h & KEY_MASK for h in block_hashes]  # type: ignore[operator]
+        except TypeError:  # bytes hashes (older vLLM)
+            hs = [_norm(h) for h in block_hashes]
         self._optimistic.purge(now)
-        opt = self._optimistic if self._optimistic else None
         nodes, hashes, bit = self._nodes, eng.hashes, eng.bit
-        # Deeper blocks get the older seq, so a chain is evicted from its leaves inwards.
-        top = self._seq + n - 1
-        self._seq += n
-        for i, (block_hash, key) in enumerate(zip(block_hashes, keys, strict=True)):
-            h = _norm(block_hash)
-            old = hashes.get(h)
-            if old is not None and old != key:
-                self._clear_bit(old, eng)
-            hashes[h] = key
-            value = nodes.get(key)
-            mask = bit if value is None else (value >> SEQ_BITS) | bit
-            nodes[key] = (mask << SEQ_BITS) | (top - i)
-            if opt is not None:
-                opt.discard(key, eng.index)
+        # The per-block work below is C-level map/update calls: ingest is the router's hot path.
+        olds = list(map(hashes.get, hs))
+        if olds.count(None) != n:
+            for old, key in zip(olds, keys, strict=True):
+                if old is not None and old != key:  # a reused hash: it no longer names old
+                    self._clear_bit(old, eng)
+        hashes.update(zip(hs, keys, strict=True))
+        seq = self._tick()
+        fresh = (bit << SEQ_BITS) | seq
+        values = list(map(nodes.get, keys))
+        if values.count(None) == n:
+            nodes.update(dict.fromkeys(keys, fresh))
+        else:
+            shared = {v: (((v >> SEQ_BITS) | bit) << SEQ_BITS) | seq for v in set(values) if v}
+            nodes.update(zip(keys, [fresh if v is None else shared[v] for v in values],
+                             strict=True))
+        if self._optimistic:
+            for key in keys:
+                self._optimistic.discard(key, eng.index)
         self.stats.stored_blocks += n
         if len(nodes) > self.max_blocks:
             self._evict()
-        if self._seq > SEQ_MASK:
-            self._renumber()
         return n
 
     def apply_removed(
@@ -312,66 +322,93 @@ class PrefixIndex:
             return out
         buf = token_bytes(tokens)
         for size, engines_mask in sorted(self._size_masks.items()):
-            confirmed, optimistic, touched = self._walk(buf, size, namespace, engines_mask, now)
+            confirmed, optimistic = self._walk(buf, size, namespace, engines_mask, now)
             for index, blocks in optimistic.items():
                 name = self._by_index[index].name
                 out[name] = Match(confirmed.get(index, 0) * size, blocks * size)
-            self._touch(touched)
         return out
 
     def _walk(
         self, buf: bytes, size: int, namespace: Hashable, engines_mask: int, now: float
-    ) -> tuple[dict[int, int], dict[int, int], list[int]]:
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        """One pass over the prompt's blocks for every engine of this block size: each engine
+        leaves the walk at the first block it lacks, so the cost is O(blocks + engines)."""
         get = self._nodes.get
         opt = self._optimistic if self._optimistic else None
+        n = len(buf) // (size * 4)
         alive_c = alive_o = engines_mask
         confirmed: dict[int, int] = {}
         optimistic: dict[int, int] = {}
-        touched: list[int] = []
-        depth = 0
-        for key in block_keys(buf, size, root_key(size, namespace)):
-            value = get(key)
-            held = 0 if value is None else value >> SEQ_BITS
-            still_c = alive_c & held
-            if still_c != alive_c:
-                for index in _bits(alive_c ^ still_c):
-                    confirmed[index] = depth
-                alive_c = still_c
+        keys: list[int] = []
+        values: list[int | None] = []
+        depth, deepest, stopped = 0, None, False
+        key, chunk = root_key(size, namespace), 8
+        while depth < n and not stopped:
+            # Keys in growing chunks: a miss costs one small chunk, a long hit few C-level calls.
+            chunk_keys = block_keys(buf, size, key, depth, min(n, depth + chunk))
+            chunk_values = list(map(get, chunk_keys))
+            keys += chunk_keys
+            values += chunk_values
+            key, chunk, m = chunk_keys[-1], chunk * 4, len(chunk_keys)
+            # Only blocks whose holders differ from the block before can change the answer (a
+            # run stored by one event shares one value object); found by C-level passes.
+            marks = set(compress(range(1, m), map(is_not, chunk_values[1:], chunk_values[:-1])))
+            marks.add(0)
             if opt is not None:
-                still_o = alive_o & (held | opt.mask(key, now))
-            else:
-                still_o = alive_c
-            if still_o != alive_o:
-                for index in _bits(alive_o ^ still_o):
-                    optimistic[index] = depth
-                alive_o = still_o
-            if not alive_o:
-                break
-            if alive_c:
-                touched.append(key)
-            depth += 1
+                hits = list(compress(range(m), map(opt.__contains__, chunk_keys)))
+                marks.update(hits)
+                marks.update(i + 1 for i in hits if i + 1 < m)
+            for i in sorted(marks):
+                value = chunk_values[i]
+                held = 0 if value is None else value >> SEQ_BITS
+                still_c = alive_c & held
+                if still_c != alive_c:
+                    for index in _bits(alive_c ^ still_c):
+                        confirmed[index] = depth + i
+                    alive_c = still_c
+                    if not alive_c and deepest is None:
+                        deepest = depth + i
+                if opt is not None:
+                    held |= opt.mask(chunk_keys[i], now)
+                still_o = alive_o & held
+                if still_o != alive_o:
+                    for index in _bits(alive_o ^ still_o):
+                        optimistic[index] = depth + i
+                    alive_o = still_o
+                    if not alive_o:
+                        stopped = True
+                        break
+            if not stopped:
+                depth += m
         for index in _bits(alive_c):
             confirmed[index] = depth
         for index in _bits(alive_o):
             optimistic[index] = depth
-        return confirmed, optimistic, touched
+        deepest = depth if deepest is None else deepest
+        self._touch(keys[:deepest], values[:deepest])
+        return confirmed, optimistic
 
     # ---- LRU ----
 
-    def _touch(self, keys: list[int]) -> None:
+    def _tick(self) -> int:
+        if self._seq >= SEQ_MASK:
+            self._renumber()
+        self._seq += 1
+        return self._seq
+
+    def _touch(self, keys: list[int], values: list[int | None]) -> None:
         if not keys:
             return
-        nodes = self._nodes
-        top = self._seq + len(keys) - 1
-        self._seq += len(keys)
-        for i, key in enumerate(keys):
-            nodes[key] = (nodes[key] >> SEQ_BITS << SEQ_BITS) | (top - i)
-        if self._seq > SEQ_MASK:
-            self._renumber()
+        seq = self._tick()
+        renewed = {v: (v >> SEQ_BITS << SEQ_BITS) | seq for v in set(values) if v is not None}
+        held = cast(list[int], values)  # every matched block exists
+        self._nodes.update(zip(keys, map(renewed.__getitem__, held), strict=True))
 
     def _evict(self) -> None:
         nodes = self._nodes
         excess = len(nodes) - self.low_water
+        # Whole stamps go together (a stamp is one store or match), so slightly more than
+        # ``excess`` may be evicted.
         cut = sorted([value & SEQ_MASK for value in nodes.values()])[excess - 1]
         doomed = [key for key, value in nodes.items() if value & SEQ_MASK <= cut]
         for key in doomed:
@@ -379,8 +416,13 @@ class PrefixIndex:
         self.stats.evicted_blocks += len(doomed)
 
     def _renumber(self) -> None:
-        # Only after 2**44 renewals; the order (all LRU needs) is kept.
-        ranked = sorted(self._nodes.items(), key=lambda item: item[1] & SEQ_MASK)
-        for seq, (key, value) in enumerate(ranked):
-            self._nodes[key] = (value >> SEQ_BITS << SEQ_BITS) | seq
-        self._seq = len(ranked)
+        # Only after 2**44 stores and matches; the order (all the LRU needs) is kept.
+        stamps = sorted({value & SEQ_MASK for value in self._nodes.values()})
+        rank = {stamp: i for i, stamp in enumerate(stamps)}
+        renewed: dict[int, int] = {}
+        for key, value in self._nodes.items():
+            new = renewed.get(value)
+            if new is None:
+                new = renewed[value] = (value >> SEQ_BITS << SEQ_BITS) | rank[value & SEQ_MASK]
+            self._nodes[key] = new
+        self._seq = len(stamps)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import xxhash
@@ -28,36 +28,40 @@ def root_key(block_size: int, namespace: Hashable) -> int:
     return _h(repr((block_size, namespace)).encode()) & KEY_MASK
 
 
-def _plain(value: Any) -> Any:
-    # msgpack hands back lists where vLLM wrote tuples; both must key the same block.
+def plain(value: Any) -> Any:
+    """Lists to tuples, recursively: msgpack hands back lists where vLLM wrote tuples."""
     if isinstance(value, list | tuple):
-        return tuple(_plain(v) for v in value)
+        return tuple(plain(v) for v in value)
     return value
 
 
 def extra_seed(extra: Any) -> int:
     """What a block's residual extra keys (multimodal identity, embeds digest) mix into its seed."""
-    return _h(repr(_plain(extra)).encode()) & KEY_MASK
+    return _h(repr(plain(extra)).encode()) & KEY_MASK
 
 
-def block_keys(buf: bytes, block_size: int, seed: int) -> Iterator[int]:
-    """Keys of the consecutive full blocks of ``buf`` (from :func:`token_bytes`), chained from
-    ``seed`` (a root key or the parent block's key)."""
+def block_keys(buf: bytes, block_size: int, seed: int, first: int = 0, stop: int | None = None
+               ) -> list[int]:
+    """Keys of the full blocks ``first`` .. ``stop - 1`` of ``buf`` (from :func:`token_bytes`),
+    chained from ``seed`` (a root key, the parent block's key, or the key of block first - 1)."""
     step = block_size * 4
+    end = len(buf) // step if stop is None else stop
     key = seed
-    for off in range(0, len(buf) - step + 1, step):
-        key = _h(buf[off : off + step], key) & KEY_MASK
-        yield key
+    # A comprehension, not a generator loop: this is the hot path of match and of ingest.
+    return [(key := _h(buf[o : o + step], key) & KEY_MASK)
+            for o in range(first * step, end * step, step)]
 
 
 def block_keys_with_extras(
     buf: bytes, block_size: int, seed: int, extras: Sequence[Any | None]
-) -> Iterator[int]:
+) -> list[int]:
     """Like :func:`block_keys`, folding ``extras[i]`` (when not None) into block i's seed."""
     step = block_size * 4
     key = seed
+    out = []
     for i, off in enumerate(range(0, len(buf) - step + 1, step)):
         extra = extras[i] if i < len(extras) else None
         chained = key if extra is None else key ^ extra_seed(extra)
         key = _h(buf[off : off + step], chained) & KEY_MASK
-        yield key
+        out.append(key)
+    return out

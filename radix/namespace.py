@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from radix.keys import plain
+
 Namespace = tuple[str | None, str | None]
 
 
@@ -40,7 +42,7 @@ def split_event_extra_keys(
             if isinstance(item, str):
                 salt = item
             else:
-                rest.append(item)
+                rest.append(plain(item))
         residual.append(tuple(rest) if rest else None)
     if all(r is None for r in residual):
         return salt, None

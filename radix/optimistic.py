@@ -21,6 +21,10 @@ class Optimistic:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether any engine has an entry (expired or not) for this block key."""
+        return key in self._entries
+
     def __len__(self) -> int:
         return sum(len(d) for d in self._entries.values())
 
