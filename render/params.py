@@ -138,6 +138,8 @@ def _check(req: ChatCompletionRequest | CompletionRequest, sp: SamplingParams) -
         raise bad(f"top_k must be 0 (disable), or at least 1, got {sp.top_k}.", "top_k")
     if not 0.0 <= sp.min_p <= 1.0:
         raise bad(f"min_p must be in [0, 1], got {sp.min_p}.", "min_p")
+    if sp.max_tokens is not None and sp.max_tokens < 1:
+        raise bad(f"max_tokens must be at least 1, got {sp.max_tokens}.", "max_tokens")
     if sp.max_tokens is not None and sp.min_tokens > sp.max_tokens:
         raise bad(
             f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, got "

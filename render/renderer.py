@@ -352,7 +352,7 @@ class Renderer:
         max_tokens = max_tokens_for(
             self.max_model_len, requested, len(ids), self.default_sampling, param
         )
-        if max_tokens < 1:
+        if len(ids) == self.max_model_len:
             raise ContextLengthError(
                 f"The prompt ({len(ids)} tokens) leaves no room to generate within this model's "
                 f"maximum context length of {self.max_model_len} tokens.",
