@@ -21,7 +21,7 @@ from router.sim.config import KVEventsConfig, default_model_dir
 from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
 
-TIMEOUT_MS = 10_000
+TIMEOUT_MS = 20_000
 EOS = 999
 TOKENS = TokenTable.from_vocab_size(1000, (EOS,))
 BS = 4
@@ -679,3 +679,14 @@ def test_cli_subprocess_handshakes_serves_and_stops_cleanly(
         assert proc.stderr is not None
         proc.stderr.close()
         fe.close()
+
+
+def test_malformed_messages_are_dropped_not_fatal(sim: Harness) -> None:
+    fe = sim.start()
+    fe.inp.send_multipart([fe.identity, wire.REQ_ADD, b"\xc1garbage"])
+    fe.inp.send_multipart([fe.identity, wire.REQ_ABORT, fe.enc.encode(5)])
+    fe.inp.send_multipart([fe.identity, wire.REQ_UTILITY, fe.enc.encode([0, 1])])
+    fe.inp.send_multipart([fe.identity, b"\x09", b""])
+    fe.add("ok", [1, 2, 3], max_tokens=2)
+    got, _ = fe.run("ok")
+    assert len(fe.tokens(got["ok"])) == 2

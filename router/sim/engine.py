@@ -213,27 +213,40 @@ class SimEngine:
 
     def _handle(self, frames: list[bytes], io: EngineSockets) -> None:
         kind, data = frames[0], frames[1:]
-        if kind == REQ_ADD:
-            try:
+        if kind == REQ_EXECUTOR_FAILED:
+            raise RuntimeError("Executor failed.")
+        if kind in (REQ_START_DP_WAVE, REQ_WAKEUP):
+            return
+        # A malformed message is the sender's bug: log it and keep serving everyone else.
+        try:
+            if kind == REQ_ADD:
                 req = self._req_decoder.decode(data[0])
-            except (msgspec.DecodeError, msgspec.ValidationError, IndexError) as e:
-                log.error("undecodable ADD request: %s", e)
+            elif kind in (REQ_ABORT, REQ_UTILITY):
+                body = self._decoder.decode(data[0])
+                if kind == REQ_ABORT:
+                    ids = [str(i) for i in body]
+                else:
+                    client, call_id, method, args = body
+                    client, call_id, method = int(client), int(call_id), str(method)
+            else:
+                log.error("unrecognized input request type %r", kind)
                 return
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            IndexError,
+            TypeError,
+            ValueError,
+        ) as e:
+            log.error("dropping malformed %r message: %s", kind, e)
+            return
+        if kind == REQ_ADD:
             self._add(req, io)
         elif kind == REQ_ABORT:
-            ids = self._decoder.decode(data[0])
-            self.scheduler.abort([str(i) for i in ids])
-        elif kind == REQ_UTILITY:
-            client, call_id, method, args = self._decoder.decode(data[0])
-            self._send(
-                io, client, EngineCoreOutputs(utility_output=self._utility(call_id, method, args))
-            )
-        elif kind == REQ_EXECUTOR_FAILED:
-            raise RuntimeError("Executor failed.")
-        elif kind in (REQ_START_DP_WAVE, REQ_WAKEUP):
-            pass
+            self.scheduler.abort(ids)
         else:
-            log.error("unrecognized input request type %r", kind)
+            out = EngineCoreOutputs(utility_output=self._utility(call_id, method, args))
+            self._send(io, client, out)
 
     def _add(self, req: EngineCoreRequest, io: EngineSockets) -> None:
         cfg = self.config
