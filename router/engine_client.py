@@ -23,7 +23,7 @@ import itertools
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import zmq
@@ -62,6 +62,9 @@ __all__ = [
 ]
 
 
+_O = TypeVar("_O", bound=EngineCoreOutputs)
+
+
 class EngineLinkError(Exception):
     """Base of the engine-link errors."""
 
@@ -81,11 +84,10 @@ class UtilityCallError(EngineLinkError):
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
 READY_MAP_WAIT_MS = 5000
+NIL = msgspec.Raw(b"\xc0")  # msgpack nil: no stats in this message
 
 
-def decode_engine_outputs(
-    decoder: msgspec.msgpack.Decoder[EngineCoreOutputs], bufs: Sequence[Any]
-) -> EngineCoreOutputs:
+def decode_engine_outputs(decoder: msgspec.msgpack.Decoder[_O], bufs: Sequence[Any]) -> _O:
     """Decode ``[payload, *aux_frames]``; logprob arrays become ``ndarrays.Logprobs``.
 
     Raises ``msgspec.DecodeError`` or ``ValueError`` (incl. ``NdarrayError``) on bad input.
@@ -97,6 +99,16 @@ def decode_engine_outputs(
         if out.new_prompt_logprobs_tensors is not None:
             out.new_prompt_logprobs_tensors = decode_logprobs(out.new_prompt_logprobs_tensors, bufs)
     return outs
+
+
+class _ReceivedOutputs(EngineCoreOutputs, array_like=True, omit_defaults=True, gc=False):
+    """EngineCoreOutputs as the listener decodes them: scheduler_stats left as raw msgpack.
+
+    vLLM attaches a ~550-byte stats map to every message; parsing it per message would cost more
+    than the tokens. It is parsed only when someone reads ``EngineState.scheduler_stats``.
+    """
+
+    scheduler_stats: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
 
 
 class _Phase(enum.Enum):
@@ -132,7 +144,7 @@ class EngineClient:
         self._call_ids = itertools.count(1)
         self._utility: dict[int, tuple[EngineState, asyncio.Future[Any]]] = {}
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-        self._out_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs, ext_hook=ext_hook)
+        self._out_decoder = msgspec.msgpack.Decoder(_ReceivedOutputs, ext_hook=ext_hook)
         self._ready_decoder = msgspec.msgpack.Decoder(EngineReadyResponse)
         self._status_decoder = msgspec.msgpack.Decoder(HandshakeStatus)
 
@@ -339,8 +351,9 @@ class EngineClient:
         eng.counters.messages += 1
         if eng.status is not EngineStatus.READY:
             self._mark_ready(eng, adopted=eng.status is not EngineStatus.HANDSHAKING)
-        if outs.scheduler_stats is not None:
-            eng.scheduler_stats = outs.scheduler_stats
+        stats = outs.scheduler_stats
+        if stats and stats != NIL:
+            eng.set_raw_stats(stats)
         streams = eng.in_flight
         for out in outs.outputs:
             stream = streams.get(out.request_id)

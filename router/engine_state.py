@@ -78,9 +78,25 @@ class EngineState:
         self.death_reason: str | None = None
         self.ready_event = asyncio.Event()
         self.in_flight: dict[str, RequestStream] = {}
-        self.scheduler_stats: dict[str, Any] | None = None
+        self._stats_raw: msgspec.Raw | None = None
+        self._stats: dict[str, Any] | None = None
         self.last_output = 0.0
         self.counters = LinkCounters()
+
+    def set_raw_stats(self, raw: msgspec.Raw) -> None:
+        self._stats_raw = raw
+        self._stats = None
+
+    @property
+    def scheduler_stats(self) -> dict[str, Any] | None:
+        """The engine's last scheduler_stats map (num_running_reqs, kv_cache_usage, ...)."""
+        if self._stats is None and self._stats_raw is not None:
+            try:
+                self._stats = msgspec.msgpack.decode(self._stats_raw, type=dict[str, Any])
+            except msgspec.DecodeError:
+                self.counters.decode_errors += 1
+            self._stats_raw = None
+        return self._stats
 
     @property
     def num_in_flight(self) -> int:

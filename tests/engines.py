@@ -132,7 +132,8 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
                 "`bash scripts/vllm_env.sh` first (or deselect with -m 'not vllm')"
             )
         argv = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(TINY_MODEL), "--headless"]
-        argv += common + ["--dtype", "bfloat16"]
+        # Eager mode skips the ~60 s torch.compile warm-up; the engine protocol is the same.
+        argv += common + ["--dtype", "bfloat16", "--enforce-eager"]
         env.update(
             VLLM_TARGET_DEVICE="cpu",
             VLLM_CPU_KVCACHE_SPACE="1",
@@ -192,7 +193,11 @@ def sim_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]
     engine.stop()
 
 
-@pytest.fixture(params=["sim", pytest.param("vllm", marks=pytest.mark.vllm)])
+# The first vLLM test also pays the engine start (~75-180 s on two busy cores).
+VLLM_MARKS = [pytest.mark.vllm, pytest.mark.timeout(VLLM_START_TIMEOUT + 300)]
+
+
+@pytest.fixture(params=["sim", pytest.param("vllm", marks=VLLM_MARKS)])
 def engine(request: pytest.FixtureRequest) -> EngineProc:
     """The parametrized engine under test: simulated, and the real vLLM referee."""
     fixture: EngineProc = request.getfixturevalue(f"{request.param}_engine")
