@@ -6,12 +6,7 @@ handshake (engines started with ``vllm serve M --headless --data-parallel-addres
 PULL its output PUSH connects to. Engine identities are ``dp_rank.to_bytes(2, "little")``, so every
 DP=1 engine is ``b"\\x00\\x00"``: one input socket per engine keeps them apart.
 
-Errors::
-
-    EngineLinkError
-     ├── EngineDeadError          the engine died: ENGINE_CORE_DEAD, or silent past the deadline
-     ├── EngineUnavailableError   unknown engine, not (yet) connected, or the client is closed
-     └── UtilityCallError         the engine answered a utility call with a failure message
+Errors live in ``router.engine_errors`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -23,14 +18,20 @@ import itertools
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from router.engine_errors import (
+    EngineDeadError,
+    EngineLinkError,
+    EngineUnavailableError,
+    UtilityCallError,
+)
+from router.engine_outputs import NIL, ReceivedOutputs, decode_engine_outputs
 from router.engine_state import EngineSpec, EngineState, EngineStatus
-from router.ndarrays import decode_logprobs
 from router.request_stream import RequestStream
 from router.wire import (
     ENGINE_CORE_DEAD,
@@ -38,7 +39,6 @@ from router.wire import (
     REQ_ADD,
     REQ_UTILITY,
     EngineCoreOutput,
-    EngineCoreOutputs,
     EngineCoreRequest,
     EngineHandshakeMetadata,
     EngineReadyResponse,
@@ -57,58 +57,15 @@ __all__ = [
     "EngineState",
     "EngineStatus",
     "EngineUnavailableError",
+    "decode_engine_outputs",
     "RequestStream",
     "UtilityCallError",
 ]
 
 
-_O = TypeVar("_O", bound=EngineCoreOutputs)
-
-
-class EngineLinkError(Exception):
-    """Base of the engine-link errors."""
-
-
-class EngineDeadError(EngineLinkError):
-    """The engine serving a request died; its in-flight requests are lost."""
-
-
-class EngineUnavailableError(EngineLinkError):
-    """The engine is unknown, not connected, or the client is closed."""
-
-
-class UtilityCallError(EngineLinkError):
-    """The engine ran the utility method and reported a failure."""
-
-
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
 READY_MAP_WAIT_MS = 5000
-NIL = msgspec.Raw(b"\xc0")  # msgpack nil: no stats in this message
-
-
-def decode_engine_outputs(decoder: msgspec.msgpack.Decoder[_O], bufs: Sequence[Any]) -> _O:
-    """Decode ``[payload, *aux_frames]``; logprob arrays become ``ndarrays.Logprobs``.
-
-    Raises ``msgspec.DecodeError`` or ``ValueError`` (incl. ``NdarrayError``) on bad input.
-    """
-    outs = decoder.decode(bufs[0])
-    for out in outs.outputs:
-        if out.new_logprobs is not None:
-            out.new_logprobs = decode_logprobs(out.new_logprobs, bufs)
-        if out.new_prompt_logprobs_tensors is not None:
-            out.new_prompt_logprobs_tensors = decode_logprobs(out.new_prompt_logprobs_tensors, bufs)
-    return outs
-
-
-class _ReceivedOutputs(EngineCoreOutputs, array_like=True, omit_defaults=True, gc=False):
-    """EngineCoreOutputs as the listener decodes them: scheduler_stats left as raw msgpack.
-
-    vLLM attaches a ~550-byte stats map to every message; parsing it per message would cost more
-    than the tokens. It is parsed only when someone reads ``EngineState.scheduler_stats``.
-    """
-
-    scheduler_stats: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
 
 
 class _Phase(enum.Enum):
@@ -144,7 +101,7 @@ class EngineClient:
         self._call_ids = itertools.count(1)
         self._utility: dict[int, tuple[EngineState, asyncio.Future[Any]]] = {}
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-        self._out_decoder = msgspec.msgpack.Decoder(_ReceivedOutputs, ext_hook=ext_hook)
+        self._out_decoder = msgspec.msgpack.Decoder(ReceivedOutputs, ext_hook=ext_hook)
         self._ready_decoder = msgspec.msgpack.Decoder(EngineReadyResponse)
         self._status_decoder = msgspec.msgpack.Decoder(HandshakeStatus)
 
