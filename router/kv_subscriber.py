@@ -3,8 +3,7 @@
 vLLM publishes ``[topic, seq (8-byte big-endian), msgpack(KVEventBatch)]`` on a PUB socket and keeps
 the last batches for replay on a ROUTER (``vllm/distributed/kv_events.py``). The subscriber:
 
-- follows vLLM's endpoint rule from the other side: the PUB binds wildcard (``*`` / ``::``), ipc and
-  inproc endpoints, so we connect to those; it connects to anything else, so we bind that;
+- follows vLLM's endpoint rule from the other side (``router.kv_endpoints``);
 - on a sequence gap (seq > expected) replays from the first missing seq, then goes on;
 - on a duplicate (a seq already applied, same payload) skips the batch;
 - on a sequence reset (seq goes backwards with a different payload: the engine restarted) clears
@@ -27,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from radix.namespace import namespace_for, split_event_extra_keys
+from router.kv_endpoints import KVEndpoints, dial_address, engine_binds, offset_endpoint
 from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ext_hook
 
 END_SEQ = b"\xff" * 8
@@ -72,58 +72,6 @@ class KVEventSink(Protocol):
 def kv_namespace(lora_name: str | None, cache_salt: str | None) -> Hashable:
     """The prefix-index namespace of a request; the same function names event chains."""
     return namespace_for(lora_name, cache_salt)
-
-
-class KVEndpoints(msgspec.Struct, frozen=True):
-    """Where one engine publishes, as configured on the engine (``--kv-events-config``)."""
-
-    engine: str
-    endpoint: str
-    replay_endpoint: str | None = None
-    topic: str = ""
-    # Host to dial when the engine binds a wildcard address.
-    host: str = "127.0.0.1"
-    dp_rank: int = 0
-
-    @classmethod
-    def from_config(
-        cls, engine: str, config: dict[str, Any], *, host: str = "127.0.0.1", dp_rank: int = 0
-    ) -> KVEndpoints:
-        """From the ``kv_events_config`` map of the engine's ready response."""
-        return cls(
-            engine=engine,
-            endpoint=str(config.get("endpoint") or "tcp://*:5557"),
-            replay_endpoint=config.get("replay_endpoint"),
-            topic=str(config.get("topic") or ""),
-            host=host,
-            dp_rank=dp_rank,
-        )
-
-
-def engine_binds(endpoint: str) -> bool:
-    """vLLM's ``ZmqEventPublisher._is_bind_endpoint``."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
-
-
-def offset_endpoint(endpoint: str, dp_rank: int) -> str:
-    """vLLM's per-DP-rank endpoint offset (TCP port + rank, inproc suffix)."""
-    if dp_rank == 0:
-        return endpoint
-    if "inproc" in endpoint:
-        return f"{endpoint}_dp{dp_rank}"
-    if "tcp" in endpoint and ":" in endpoint:
-        base, port = endpoint.rsplit(":", 1)
-        return endpoint if int(port) == 0 else f"{base}:{int(port) + dp_rank}"
-    return endpoint
-
-
-def dial_address(endpoint: str, host: str) -> str:
-    """The address to connect to for an endpoint the engine binds."""
-    if endpoint.startswith("tcp://"):
-        bound_host, port = endpoint[len("tcp://") :].rsplit(":", 1)
-        if bound_host in ("*", "0.0.0.0", "::", "[::]"):
-            return f"tcp://{host}:{port}"
-    return endpoint
 
 
 class KVCounters(msgspec.Struct):
@@ -355,3 +303,15 @@ class KVSubscriber:
             elif isinstance(ev, AllBlocksCleared):
                 sink.apply_cleared(engine)
         feed.applied.set()
+
+
+__all__ = [
+    "KVCounters",
+    "KVEndpoints",
+    "KVEventSink",
+    "KVSubscriber",
+    "dial_address",
+    "engine_binds",
+    "kv_namespace",
+    "offset_endpoint",
+]
