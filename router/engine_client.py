@@ -258,7 +258,9 @@ class EngineClient:
         except KeyError:
             raise EngineUnavailableError(f"unknown engine {name!r}") from None
 
-    async def _utility_call(self, eng: EngineState, method: str, args: tuple[Any, ...]) -> Any:
+    async def _utility_call(
+        self, eng: EngineState, method: str, args: tuple[Any, ...], grace: float | None = None
+    ) -> Any:
         call_id = next(self._call_ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._utility[call_id] = (eng, fut)
@@ -266,13 +268,15 @@ class EngineClient:
             eng.last_output = time.monotonic()
         try:
             payload = self._encoder.encode((self.client_index, call_id, method, args))
-            await self._send(eng, REQ_UTILITY, payload)
+            await self._send(eng, REQ_UTILITY, payload, grace)
             return await fut
         finally:
             self._utility.pop(call_id, None)
 
-    async def _send(self, eng: EngineState, kind: bytes, payload: bytes) -> None:
-        deadline = time.monotonic() + self.reconnect_grace
+    async def _send(
+        self, eng: EngineState, kind: bytes, payload: bytes, grace: float | None = None
+    ) -> None:
+        deadline = time.monotonic() + (self.reconnect_grace if grace is None else grace)
         while True:
             try:
                 await eng.input.send_multipart((eng.identity, kind, payload), copy=False)
@@ -382,7 +386,8 @@ class EngineClient:
         # An engine that outlived a router restart reconnects its DEALER and PUSH to our
         # addresses but never handshakes again: a utility call that routes proves it is there.
         with contextlib.suppress(EngineLinkError, TimeoutError):
-            await asyncio.wait_for(self._utility_call(eng, PROBE_METHOD, ()), 5.0)
+            # One send attempt per probe interval: an absent engine costs ~nothing.
+            await asyncio.wait_for(self._utility_call(eng, PROBE_METHOD, (), grace=0.0), 5.0)
             if eng.status is EngineStatus.CONNECTING:
                 self._mark_ready(eng, adopted=True)
 
