@@ -14,7 +14,7 @@ Two interchangeable implementations behind one factory, ``TokenDecoder``, built 
 
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode as _utf8_decode
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Protocol
@@ -54,6 +54,18 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
+def _whole_text(data: bytes) -> str | None:
+    """The text of bytes that decode alone exactly as inside any sequence, else None.
+
+    Complete UTF-8 qualifies; bytes that are invalid or cut short depend on their neighbours
+    (an incomplete character may be completed by the next token).
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 class StreamDetokenizer:
     """DecodeStream for any tokenizer, with an exact flush of withheld bytes."""
 
@@ -90,23 +102,33 @@ class StreamDetokenizer:
 
 
 class ByteLevelDetokenizer:
-    """Byte-level BPE: a table lookup and an incremental UTF-8 decode per token."""
+    """Byte-level BPE: per token a table lookup; UTF-8 decoding only around split characters."""
 
-    __slots__ = ("_table", "_decode")
+    __slots__ = ("_table", "_text", "_held")
 
-    def __init__(self, table: Sequence[bytes]):
+    def __init__(self, table: Sequence[bytes], text: Sequence[str | None]):
         self._table = table
-        self._decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        self._text = text  # the token's text when its bytes are complete UTF-8 on their own
+        self._held = b""  # bytes of a character still incomplete
 
     def step(self, token_id: int) -> str:
-        try:
+        if not self._held:
+            try:
+                text = self._text[token_id]
+            except IndexError:
+                return ""  # tokenizers' decode skips ids outside the vocabulary
+            if text is not None:
+                return text
             data = self._table[token_id]
-        except IndexError:
-            return ""  # tokenizers' decode skips ids outside the vocabulary
-        return self._decode(data)
+        else:
+            data = self._held + (self._table[token_id] if token_id < len(self._table) else b"")
+        text, used = _utf8_decode(data, "replace", False)
+        self._held = data[used:]
+        return text
 
     def flush(self) -> str:
-        return self._decode(b"", True)
+        held, self._held = self._held, b""
+        return held.decode("utf-8", "replace") if held else ""
 
 
 class TokenDecoder:
@@ -118,13 +140,16 @@ class TokenDecoder:
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         size = max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
         self._raw: list[bytes] | None = None
-        self._no_special: list[bytes] | None = None
+        self._no_special: list[bytes] = []
+        self._texts: list[str | None] = []
+        self._texts_no_special: list[str | None] = []
         if type(tokenizer.decoder).__name__ == "ByteLevel":
-            self._raw = self._byte_table(size)
-            self._no_special = [
-                b"" if i in self.special_ids else b for i, b in enumerate(self._raw)
-            ]
+            self._raw = raw = self._byte_table(size)
+            self._no_special = [b"" if i in self.special_ids else b for i, b in enumerate(raw)]
+            self._texts = [_whole_text(b) for b in raw]
+            self._texts_no_special = [_whole_text(b) for b in self._no_special]
         self._text_cache: dict[int, str] = {}
+        self._info_cache: dict[int, tuple[str, list[int]]] = {}
 
     def _byte_table(self, size: int) -> list[bytes]:
         # Mirrors tokenizers' ByteLevel decoder: a piece whose characters all stand for bytes
@@ -150,8 +175,10 @@ class TokenDecoder:
         fast: bool = True,
     ) -> Detokenizer:
         """A detokenizer for one output sequence; ``fast=False`` forces DecodeStream."""
-        if fast and self._raw is not None and self._no_special is not None:
-            return ByteLevelDetokenizer(self._no_special if skip_special_tokens else self._raw)
+        if fast and self._raw is not None:
+            if skip_special_tokens:
+                return ByteLevelDetokenizer(self._no_special, self._texts_no_special)
+            return ByteLevelDetokenizer(self._raw, self._texts)
         return StreamDetokenizer(self.tokenizer, skip_special_tokens, prompt_tail)
 
     def token_text(self, token_id: int) -> str:
@@ -165,6 +192,16 @@ class TokenDecoder:
                 text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._text_cache[token_id] = text
         return text
+
+    def token_info(self, token_id: int) -> tuple[str, list[int]]:
+        """(text, bytes as ints) of one token for logprobs, cached for the model's lifetime.
+
+        The cache is bounded by the vocabulary; callers must not mutate the list."""
+        info = self._info_cache.get(token_id)
+        if info is None:
+            info = self._info_cache[token_id] = (
+                self.token_text(token_id), list(self.token_bytes(token_id)))
+        return info
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes: for byte-level BPE the raw bytes (a partial UTF-8 character

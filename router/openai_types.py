@@ -106,7 +106,6 @@ class ChatCompletionChunk(
     msgspec.Struct,
     omit_defaults=True,
     gc=False,
-    kw_only=True,
     tag_field="object",
     tag="chat.completion.chunk",
 ):
@@ -137,7 +136,6 @@ class ChatCompletion(
     msgspec.Struct,
     omit_defaults=True,
     gc=False,
-    kw_only=True,
     tag_field="object",
     tag="chat.completion",
 ):
@@ -164,7 +162,6 @@ class Completion(
     msgspec.Struct,
     omit_defaults=True,
     gc=False,
-    kw_only=True,
     tag_field="object",
     tag="text_completion",
 ):

@@ -88,7 +88,8 @@ class PipelineSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class _Choice:
-    __slots__ = ("detok", "stop", "logprobs", "parser", "tokens", "finished", "tool_calls")
+    __slots__ = ("detok", "stop", "logprobs", "parser", "tokens", "finished", "tool_calls",
+                 "fresh", "step", "push")
 
     def __init__(
         self, detok: Detokenizer | None, stop: StopChecker, lp: ChoiceLogprobs | None,
@@ -101,6 +102,10 @@ class _Choice:
         self.tokens = 0
         self.finished = False
         self.tool_calls = False
+        self.fresh = True  # no output seen yet (prefill stats ride on the first one)
+        # Bound methods for the per-token fast path.
+        self.step = detok.step if detok is not None else None
+        self.push = stop.push_one if stop.active else None
 
 
 class Pipeline:
@@ -126,6 +131,12 @@ class Pipeline:
             for i in range(spec.n)
         ]
         self._text_out = needs_text
+        # Token ids alone justify a chunk when the client sees them (logprobs, ids, generate).
+        self._ids_matter = (spec.logprobs is not None or spec.return_token_ids
+                            or spec.kind == GENERATE)
+        # Plain chat (no parser, logprobs, usage or ids per chunk) has a per-token fast path.
+        self._fast = (spec.kind == CHAT and detok and parsers is None and spec.logprobs is None
+                      and not spec.continuous_usage and not spec.return_token_ids)
 
     @property
     def done(self) -> bool:
@@ -182,8 +193,33 @@ class Pipeline:
         is still generating: the caller must send ABORT (the engine sends nothing more).
         """
         choice = self._choices[index]
+        ids = out.new_token_ids
+        if (self._fast and len(ids) == 1 and not choice.fresh and out.finish_reason is None
+                and out.error is None and not choice.finished):
+            # The common case, kept flat: one token of a plain chat stream mid-way.
+            text = choice.step(ids[0])  # type: ignore[misc]
+            if choice.push is not None:
+                text, match = choice.push(text)
+                if match is not None:
+                    choice.tokens += 1
+                    choice.finished = True
+                    spec = self.spec
+                    return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+                        ChatChunkChoice(index, ChatDelta(None, text), None, "stop",
+                                        match.stop)]), True
+            choice.tokens += 1
+            if not text:
+                return None, False
+            spec = self.spec
+            return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+                ChatChunkChoice(index, ChatDelta(None, text), None, None)]), False
+        return self._feed(choice, index, out)
+
+    def _feed(self, choice: _Choice, index: int, out: EngineCoreOutput
+              ) -> tuple[Chunk | None, bool]:
         if choice.finished:
             return None, False  # e.g. the engine's last step raced our stop-string abort
+        choice.fresh = False
         if out.error is not None:
             raise EngineOutputError(out.error.message)
         engine_finish = out.finish_reason
@@ -234,7 +270,7 @@ class Pipeline:
         choice.tokens += len(ids)
         if finish is not None:
             choice.finished = True
-        if not ids and not text and finish is None:
+        if not text and finish is None and not (ids and self._ids_matter):
             return None, False
         if spec.kind == CHAT:
             return self._chat(index, choice, out, ids, text, finish, stop_reason), abort

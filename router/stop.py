@@ -33,7 +33,7 @@ class StopChecker:
     __slots__ = (
         "_stops",
         "_include",
-        "_prefix_chars",
+        "_by_last",
         "_pending",
         "_released",
         "_num_tokens",
@@ -44,13 +44,18 @@ class StopChecker:
     def __init__(self, stops: Sequence[str], *, include_in_output: bool, min_tokens: int = 0):
         self._stops = tuple(s for s in stops if s)
         self._include = include_in_output
-        # A suffix that is a proper prefix of a stop string ends with one of these characters,
-        # so most tokens are released after a single set lookup.
-        self._prefix_chars = frozenset(c for s in self._stops for c in s[:-1])
+        # Every proper prefix of every stop string, keyed by its last character, longest first:
+        # most tokens are released after one dict lookup, the rest after one endswith or two.
+        by_last: dict[str, set[str]] = {}
+        for s in self._stops:
+            for k in range(1, len(s)):
+                by_last.setdefault(s[k - 1], set()).add(s[:k])
+        self._by_last = {c: tuple(sorted(ps, key=len, reverse=True)) for c, ps in by_last.items()}
         self._pending = ""
         self._released = 0  # characters released before _pending starts
         self._num_tokens = 0
-        self._min_tokens = min_tokens
+        # With min_tokens, offsets are tracked so a match must end past the protected text.
+        self._min_tokens = max(min_tokens, 0)
         # Absolute text offset a match must end beyond (the text of the first min_tokens tokens).
         self._protected_end = 0 if min_tokens <= 0 else None
 
@@ -90,6 +95,21 @@ class StopChecker:
         self._released += len(out)
         return out, None
 
+    def push_one(self, piece: str) -> tuple[str, StopMatch | None]:
+        """``push`` for one token, the per-token fast path (no min_tokens left to protect)."""
+        if self._min_tokens:
+            return self.push((piece,))
+        buf = self._pending + piece if self._pending else piece
+        for stop in self._stops:
+            if stop in buf:
+                return self.push((piece,))
+        if buf and buf[-1] in self._by_last:
+            hold = self._holdback(buf)
+            self._pending = buf[len(buf) - hold :]
+            return buf[: len(buf) - hold], None
+        self._pending = ""
+        return buf, None
+
     def finish(self) -> str:
         """The engine ended the sequence without a stop string: release everything withheld."""
         out, self._pending = self._pending, ""
@@ -111,12 +131,10 @@ class StopChecker:
         return best
 
     def _holdback(self, buf: str) -> int:
-        if not buf or buf[-1] not in self._prefix_chars:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
+        if not buf:
             return 0
-        longest = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(buf)), longest, -1):
-                if buf.endswith(stop[:k]):
-                    longest = k
-                    break
-        return longest
+        for prefix in self._by_last.get(buf[-1], ()):
+            if buf.endswith(prefix):
+                return len(prefix)
+        return 0
