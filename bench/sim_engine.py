@@ -133,6 +133,10 @@ def run_sim(
         got, messages, finished = fe.collect(args.streams)
         wall = time.perf_counter() - t0
         cpu = sum(ps.cpu_times()[:2]) - cpu0
+        # An idle engine must cost nothing: many of them share 2 cores in multi-engine runs.
+        idle0 = sum(ps.cpu_times()[:2])
+        time.sleep(2.0)
+        idle = sum(ps.cpu_times()[:2]) - idle0
     finally:
         proc.terminate()
         proc.wait(10)
@@ -147,6 +151,7 @@ def run_sim(
         "steps": messages,
         "lost": lost,
         "finished": finished,
+        "idle_cpu": idle,
     }
 
 
@@ -199,6 +204,7 @@ def main() -> None:
             f"{r['cpu'] / r['tokens'] * 1e6:>12.2f}{r['tokens'] / r['wall']:>10.0f}"
         )
     print(f"sim / anchor CPU per token: {sim_us / anchor_us:.2f}x")
+    print(f"sim idle CPU over 2 s after the run: {sim['idle_cpu'] * 1e3:.0f} ms")
     print(
         f"sim decode steps: {sim['steps']:.0f}, {sim['steps'] / sim['wall']:.0f} steps/s with "
         f"{args.streams} running; streams finished {sim['finished']:.0f}, lost/short "

@@ -137,6 +137,11 @@ class SimEngine:
                 for s in io.outputs:
                     s.send(ENGINE_CORE_DEAD)
                 raise
+        except Exception as e:  # before serving (e.g. a KV endpoint already in use)
+            if self.error is None:
+                log.error("sim engine %d failed to start: %s", self.config.data_parallel_rank, e)
+                self.error = e
+            raise
         finally:
             self._close(io)
 

@@ -171,6 +171,8 @@ class BlockPool:
                     lora_name=lora_name,
                     extra_keys=extra_keys,
                     group_idx=0,
+                    # vLLM's KVCacheManager annotates stored blocks with their group's spec.
+                    kv_cache_spec_kind="full_attention",
                 )
             )
 
