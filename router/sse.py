@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from router.engine_errors import EngineLinkError
 from router.openai_types import Chunk, ErrorInfo, ErrorResponse
 from router.pipeline import EngineOutputError, Pipeline
 from router.wire import EngineCoreOutput
@@ -85,6 +86,11 @@ async def sse_stream(
             yield enc.events(last)
     except EngineOutputError as exc:
         yield enc.event(error_response(str(exc), exc.code))
+    except EngineLinkError as exc:
+        # The engine died or went silent mid-stream (the non-stream path answers 503 too).
+        log.warning("engine failed mid-stream", extra={
+            "request_id": pipeline.spec.request_id, "error": str(exc)})
+        yield enc.event(error_response(f"Engine failed: {exc}", 503, "ServiceUnavailable"))
     except Exception as exc:  # the stream has started: the error can only go in-band
         log.exception("stream failed", extra={"request_id": pipeline.spec.request_id})
         yield enc.event(error_response(f"{type(exc).__name__}: {exc}"))

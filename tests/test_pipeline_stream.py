@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from router.collect import collect
 from router.detokenize import TokenDecoder
+from router.engine_errors import EngineDeadError
 from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec, merge
 from router.sse import DONE, sse_stream
 from router.wire import EngineCoreOutput, EngineError, FinishReason
@@ -237,7 +238,17 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
         return [b async for b in sse_stream(Pipeline(_spec(CHAT), decoder), merge([broken()]))]
 
     last = _events(asyncio.run(run()))[-1]
-    assert "engine died" in last["error"]["message"]
+    assert "engine died" in last["error"]["message"] and last["error"]["code"] == 500
+
+    async def dead() -> AsyncIterator[EngineCoreOutput]:
+        yield EngineCoreOutput("r", ids[:1])
+        raise EngineDeadError("engine e0 sent ENGINE_CORE_DEAD")
+
+    async def run_dead() -> list[bytes]:
+        return [b async for b in sse_stream(Pipeline(_spec(CHAT), decoder), merge([dead()]))]
+
+    last = _events(asyncio.run(run_dead()))[-1]
+    assert last["error"]["code"] == 503 and "ENGINE_CORE_DEAD" in last["error"]["message"]
 
 
 def test_collected_raises_on_error(decoder: TokenDecoder) -> None:
