@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from router.collect import collect
 from router.detokenize import TokenDecoder
 from router.engine_errors import EngineDeadError
-from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec, merge
+from router.pipeline import CHAT, COMPLETION, GENERATE, ParsedDelta, Pipeline, PipelineSpec, merge
 from router.sse import DONE, sse_stream
 from router.wire import EngineCoreOutput, EngineError, FinishReason
 
@@ -276,3 +276,57 @@ def test_generate_tokens_shapes(decoder: TokenDecoder) -> None:
     c = body["choices"][0]
     assert (c["text"], c["finish_reason"], c["stop_reason"]) == ("ab", "stop", " cd")
     assert decoder.tokenizer.decode(c["token_ids"]) == "ab cd"
+
+
+class ThinkParser:
+    """A reasoning parser in vLLM's style (Qwen3): text before the </think> token is reasoning."""
+
+    def __init__(self, end_id: int) -> None:
+        self.end_id = end_id
+        self.reasoning = True
+
+    def parse(self, text: str, token_ids: Sequence[int], finished: bool) -> ParsedDelta:
+        if not self.reasoning:
+            return ParsedDelta(text)
+        if self.end_id in token_ids:
+            self.reasoning = False
+            before, _, after = text.partition("</think>")
+            return ParsedDelta(after, before.removeprefix("<think>") or None)
+        return ParsedDelta(None, text.removeprefix("<think>"))
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_parser_stage_seam(decoder: TokenDecoder, batch: int) -> None:
+    tok = decoder.tokenizer
+    start, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    ids = [start, *tok.encode("Let me think.").ids, end, *tok.encode("The answer is 4.").ids]
+    spec = _spec(CHAT)
+
+    def run_stream() -> list[bytes]:
+        async def go() -> list[bytes]:
+            pipe = Pipeline(spec, decoder, parsers=lambda i: ThinkParser(end))
+            outs = merge([_iterate(_steps(ids, [batch], 1))])
+            return [b async for b in sse_stream(pipe, outs)]
+        return asyncio.run(go())
+
+    async def run_collect() -> Any:
+        pipe = Pipeline(spec, decoder, parsers=lambda i: ThinkParser(end))
+        return await collect(pipe, merge([_iterate(_steps(ids, [batch], 1))]))
+
+    events = _events(run_stream())
+    reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content") or "" for e in events)
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+    body = asyncio.run(run_collect())
+    msg = body.choices[0].message
+    assert (reasoning, content) == ("Let me think.", "The answer is 4.")
+    assert (msg.reasoning_content, msg.content) == (reasoning, content)
+
+
+def test_completion_echo_and_token_ids(decoder: TokenDecoder) -> None:
+    ids = decoder.tokenizer.encode(" and more").ids
+    spec = _spec(COMPLETION, echo="Prompt", return_token_ids=True)
+    events = _events(asyncio.run(_stream(spec, decoder, [_steps(ids, [1], 1)])))
+    assert _fold(events, 1, COMPLETION)["text"] == ["Prompt and more"]
+    body = asyncio.run(_collect(spec, decoder, [_steps(ids, [1], 1)]))
+    assert body["choices"][0]["text"] == "Prompt and more"
+    assert body["choices"][0]["token_ids"] == ids
