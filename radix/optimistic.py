@@ -12,11 +12,13 @@ class Optimistic:
     expiries lets every call drop what has expired in amortised O(1).
     """
 
-    __slots__ = ("_entries", "_heap")
+    __slots__ = ("_entries", "_heap", "_compact_at")
 
     def __init__(self) -> None:
         self._entries: dict[int, dict[int, float]] = {}
         self._heap: list[tuple[float, int, int]] = []
+        # Compact when the heap doubles: amortised O(1) (len(self) is O(entries) per call).
+        self._compact_at = 64
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -35,8 +37,9 @@ class Optimistic:
             return False
         per_key[engine] = expiry
         heapq.heappush(self._heap, (expiry, key, engine))
-        if len(self._heap) > 64 and len(self._heap) > 4 * len(self):
+        if len(self._heap) > self._compact_at:
             self._compact()
+            self._compact_at = max(64, 2 * len(self._heap))
         return True
 
     def discard(self, key: int, engine: int) -> None:

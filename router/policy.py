@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
@@ -31,6 +32,13 @@ class PrefixMatcher(Protocol):
     ) -> object: ...
 
 
+def _rendezvous_order(tokens: Sequence[int], loads: Sequence[EngineLoad]) -> list[EngineLoad]:
+    """Engines in rendezvous-hash order for the prompt's head (stable as engines come and go)."""
+    head = xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
+    return sorted(loads, key=lambda load: (
+        xxhash.xxh3_64_intdigest(load.engine.encode(), seed=head), load.engine))
+
+
 class NoEngineError(Exception):
     """No healthy engine with free capacity: the caller answers 503 / queues."""
 
@@ -40,8 +48,11 @@ class PolicyConfig:
     name: str = "cache_aware"
     # Cost is in prompt tokens: one token of outstanding prefill weighs load_weight tokens, and one
     # running/queued request stands for request_tokens tokens of work (its decode steps).
-    load_weight: float = 1.0
+    load_weight: float = 0.25
     request_tokens: float = 64.0
+    # A cold prompt goes to its hashed home engine unless that has more than this factor times
+    # the fleet's mean load.
+    cold_load_factor: float = 1.25
     # How long a routed-but-not-yet-confirmed prefix counts as cached on its engine.
     optimistic_ttl: float = 10.0
     seed: int = 0
@@ -55,6 +66,8 @@ class PolicyConfig:
             raise ValueError(f"unknown policy {self.name!r}; choose one of {', '.join(POLICIES)}")
         if self.load_weight < 0 or self.request_tokens < 0 or self.optimistic_ttl < 0:
             raise ValueError("load_weight, request_tokens and optimistic_ttl must be >= 0")
+        if self.cold_load_factor < 1:
+            raise ValueError("cold_load_factor must be >= 1")
         if self.cache_threshold is not None and not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError("cache_threshold must be within [0, 1]")
 
@@ -140,21 +153,29 @@ class Policy:
                 return self._least_loaded(loads), "below_cache_threshold"
             holders = [load for load in loads if cached.get(load.engine, 0) == best]
             return self._least_loaded(holders), "prefix_hit"
-        # 3. The cost: prompt tokens still to compute here + the work already queued here.
-        # Ties (e.g. a cold prompt on an idle fleet) go by rendezvous hashing of the prompt's
-        # head, so different prefixes spread out and one prefix keeps to one engine.
-        head = xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
+        # 3. Nothing cached anywhere: the prompt's home engine by rendezvous hashing of its head,
+        # within a load bound (consistent hashing with bounded loads). A tenant whose prefix was
+        # evicted everywhere thus returns to the same engine instead of spreading its copies.
+        ranked = _rendezvous_order(tokens, loads)
+        if best == 0:
+            total = sum(load.requests for load in loads)
+            bound = math.ceil(cfg.cold_load_factor * (total + 1) / len(loads))
+            home = next((load for load in ranked if load.requests + 1 <= bound), None)
+            return home or self._least_loaded(loads), "cold"
+        # 4. The cost: prompt tokens still to compute here + the work already queued here
+        # (ties in rendezvous order, so a spilled prefix also keeps to one engine).
+        order = {load.engine: i for i, load in enumerate(ranked)}
 
-        def cost(load: EngineLoad) -> tuple[float, int, int, str]:
+        def cost(load: EngineLoad) -> tuple[float, int, int]:
             uncached = n_tokens - cached.get(load.engine, 0)
             return (uncached + cfg.load_weight * load.work(cfg.request_tokens), load.requests,
-                    xxhash.xxh3_64_intdigest(load.engine.encode(), seed=head), load.engine)
+                    order[load.engine])
 
         choice = min(loads, key=cost)
         hit = cached.get(choice.engine, 0)
         if hit < best:
             return choice, "spill"  # the holder of the longest prefix was too busy
-        return choice, "prefix_hit" if hit > 0 else "cold"
+        return choice, "prefix_hit"
 
     def _least_loaded(self, loads: Sequence[EngineLoad]) -> EngineLoad:
         rt = self.config.request_tokens

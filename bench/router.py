@@ -1,0 +1,332 @@
+"""Router benchmarks: (b) added TTFT vs the engine direct, (c) cache effectiveness, CPU/token.
+
+    .venv/bin/python bench/router.py                 # all parts
+    .venv/bin/python bench/router.py --parts c --requests 400
+
+(b) a `kvroute router` process and a bench-side EngineClient each front their own sim engine
+    process; the same token-in requests (max_tokens=1) alternate between the two paths.
+(c) >= 8 sim engines (threads) with small KV caches, a multi-tenant shared-prefix workload (Zipf
+    tenants), closed loop; each policy gets fresh engines. Hit rate is the engines' own
+    num_cached_tokens / prompt tokens. Routing goes through the product Dispatcher + Fleet.
+(cpu) the router process's CPU (psutil) per streamed token, SSE through HTTP included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import httpx  # noqa: E402
+import msgspec  # noqa: E402
+import psutil  # noqa: E402
+from router_policies import CharTreePolicy, OraclePolicy  # noqa: E402
+
+from bench.httpload import build_request, read_response  # noqa: E402
+from radix import PrefixIndex  # noqa: E402
+from render.sampling import SamplingParams  # noqa: E402
+from router.admission import Admission  # noqa: E402
+from router.config import EngineSpec  # noqa: E402
+from router.dispatch import Dispatcher  # noqa: E402
+from router.engine_client import EngineClient  # noqa: E402
+from router.engine_client import EngineSpec as LinkSpec  # noqa: E402
+from router.fleet import Fleet, link_spec  # noqa: E402
+from router.kv_subscriber import KVSubscriber  # noqa: E402
+from router.metrics import RouterMetrics  # noqa: E402
+from router.policy import Policy, PolicyConfig  # noqa: E402
+from router.sim.config import KVEventsConfig, default_model_dir  # noqa: E402
+from router.sim.launch import spawn_sim_engine, start_sim_engine  # noqa: E402
+from router.sim.tokens import TokenTable  # noqa: E402
+from router.wire import EngineCoreRequest  # noqa: E402
+
+PY = sys.executable
+# (c)'s simulated engine speed: slow enough that engine time, not this shared CPU, dominates TTFT.
+STEP_TIME = 0.01
+PREFILL_PER_TOKEN = 1e-4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def start_router(tmp: Path, engines: list[str],
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    args = [PY, "-m", "router.cli", "router", "--port", str(port), "--plain-logs",
+            "--log-level", "WARNING", *extra]
+    for name in engines:
+        args += ["--engine", f"{name}=ipc://{tmp}/{name}.hs"]
+    proc = subprocess.Popen(args, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("router did not become ready")
+
+
+def spawn_engine(tmp: Path, name: str, *flags: str) -> subprocess.Popen[bytes]:
+    return spawn_sim_engine(f"ipc://{tmp}/{name}.hs", list(flags), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+# ---- (b) added TTFT ----------------------------------------------------------------------------
+
+async def part_b(n: int) -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvr-bench-b-"))
+    flags = ("--step-time", "0.002", "--prefill-time-per-token", "0")
+    engines = [spawn_engine(tmp, "direct", *flags), spawn_engine(tmp, "routed", *flags)]
+    router, port = start_router(tmp, ["routed"])
+    client = EngineClient([LinkSpec("direct", f"ipc://{tmp}/direct.hs", f"ipc://{tmp}/d.in",
+                                    f"ipc://{tmp}/d.out")])
+    await client.start()
+    await client.wait_ready(60)
+    rng = random.Random(0)
+    direct, routed = [], []
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for i in range(n):
+            ids = [rng.randrange(1000, 100000) for _ in range(256)]
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+            t0 = time.perf_counter()
+            stream = await client.submit("direct", EngineCoreRequest(
+                f"d{i}", ids, None, params, None, time.time(), None, None, None))
+            await stream.collect()
+            direct.append(time.perf_counter() - t0)
+            body = msgspec.json.encode({"request_id": f"r{i}", "token_ids": ids,
+                                        "sampling_params": {"max_tokens": 1,
+                                                            "temperature": 0.0}})
+            t0 = time.perf_counter()
+            writer.write(build_request("127.0.0.1", port, "POST", "/inference/v1/generate", body))
+            status, _ = await read_response(reader)
+            routed.append(time.perf_counter() - t0)
+            assert status == 200
+    finally:
+        writer.close()
+        await client.close()
+        router.terminate()
+        router.wait(30)
+        for e in engines:
+            e.terminate()
+            e.wait(30)
+    d50, r50 = statistics.median(direct[5:]), statistics.median(routed[5:])
+    return {"direct_p50_ms": d50 * 1e3, "router_p50_ms": r50 * 1e3,
+            "added_p50_ms": (r50 - d50) * 1e3,
+            "direct_p99_ms": pct(direct[5:], 0.99) * 1e3,
+            "router_p99_ms": pct(routed[5:], 0.99) * 1e3}
+
+
+# ---- (c) cache effectiveness -----------------------------------------------------------------
+
+def workload(tok: Any, n: int, tenants: int, seed: int) -> list[tuple[list[int], str]]:
+    rng = random.Random(seed)
+    words = [w for w in tok.get_vocab() if w.isalpha() and len(w) > 3][:20000]
+    prefixes = [" ".join(rng.choice(words) for _ in range(rng.randrange(150, 250)))
+                for _ in range(tenants)]
+    weights = [1 / (k + 1) ** 1.1 for k in range(tenants)]
+    out = []
+    for i in range(n):
+        t = rng.choices(range(tenants), weights)[0]
+        text = prefixes[t] + f"\nQuestion {i}: " + " ".join(rng.choice(words) for _ in range(20))
+        out.append((tok.encode(text, add_special_tokens=False).ids, text))
+    return out
+
+
+async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: int,
+                     concurrency: int, tokens: TokenTable, blocks: int,
+                     config: PolicyConfig | None = None) -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"kvr-bench-c-{name}-"))
+    specs = [EngineSpec(f"e{i}", f"ipc://{tmp}/e{i}.hs") for i in range(engines_n)]
+    client = EngineClient([link_spec(s) for s in specs])
+    await client.start()
+    sims = {s.name: start_sim_engine(
+        s.handshake, tokens, block_size=16, num_gpu_blocks=blocks, step_time=STEP_TIME,
+        prefill_time_per_token=PREFILL_PER_TOKEN, max_num_seqs=32,
+        kv_events=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                 endpoint=f"ipc://{tmp}/{s.name}.kv",
+                                 replay_endpoint=f"ipc://{tmp}/{s.name}.replay"))
+        for s in specs}
+    await client.wait_ready(120)
+    index = PrefixIndex(max_blocks=4_000_000)
+    kv = KVSubscriber(index)
+    await kv.start()
+    admission = Admission(256, 100_000, 600.0, 1)
+    fleet = Fleet(client, kv, index, admission, specs)
+    fleet.sync()
+    watch = asyncio.create_task(fleet.watch())
+    text_of = {tuple(ids): text for ids, text in reqs}
+    if name == "sglang_char_tree":
+        policy: Any = CharTreePolicy(lambda ids: text_of[tuple(ids)])
+    elif name == "oracle":
+        policy = OraclePolicy(config or PolicyConfig("cache_aware"), index,
+                              {k: v.engine for k, v in sims.items()})
+    elif name == "cache_aware":
+        policy = Policy(config or PolicyConfig(name), index)
+    else:
+        policy = Policy(PolicyConfig(name), index)
+    dispatcher = Dispatcher(client, policy, admission, RouterMetrics())
+    ttft: list[float] = []
+    cached = prompt = 0
+    queue = list(enumerate(reqs))
+    queue.reverse()
+
+    async def worker() -> None:
+        nonlocal cached, prompt
+        while queue:
+            i, (ids, _) = queue.pop()
+            t0 = time.perf_counter()
+            routed = await dispatcher.open(f"{name}-{i}", ids,
+                                           SamplingParams(max_tokens=8, temperature=0.0))
+            ttft.append(time.perf_counter() - t0)
+            stats = routed.first[0].prefill_stats or {}
+            cached += int(stats.get("num_cached_tokens", 0))
+            prompt += len(ids)
+            async for _ in routed.outputs(0):
+                pass
+            dispatcher.done(routed)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    watch.cancel()
+    await kv.close()
+    await client.close()
+    for s in sims.values():
+        s.stop()
+    return {"hit_rate": cached / prompt, "ttft_p50_ms": pct(ttft, 0.5) * 1e3,
+            "ttft_p99_ms": pct(ttft, 0.99) * 1e3, "req_per_s": len(reqs) / wall}
+
+
+async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: int,
+                 policies: list[str], config: PolicyConfig,
+                 reps: int) -> dict[str, dict[str, float]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
+    reqs = workload(tok, n, tenants, seed=1)
+    tokens = TokenTable.from_model_dir(default_model_dir())
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in policies}
+    # Interleaved repetitions: this machine is shared, so noise hits every policy alike.
+    for rep in range(reps):
+        for name in policies:
+            r = await run_policy(name, reqs, engines, concurrency, tokens, blocks, config)
+            runs[name].append(r)
+            print(f"  rep {rep} {name:<18} "
+                  f"{json.dumps({k: round(v, 3) for k, v in r.items()})}", flush=True)
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            for name, rs in runs.items()}
+
+
+# ---- whole-router CPU per streamed token -----------------------------------------------------
+
+async def part_cpu(n: int, max_tokens: int, concurrency: int) -> dict[str, float]:
+    tmp = Path(tempfile.mkdtemp(prefix="kvr-bench-cpu-"))
+    engines = [spawn_engine(tmp, f"e{i}", "--step-time", "0.001") for i in range(2)]
+    router, port = start_router(tmp, ["e0", "e1"])
+    proc = psutil.Process(router.pid)
+    rng = random.Random(2)
+    tokens = 0
+
+    async def worker(k: int) -> None:
+        nonlocal tokens
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _i in range(k, n, concurrency):
+            ids = [rng.randrange(1000, 100000) for _ in range(64)]
+            body = msgspec.json.encode({"model": "Qwen/Qwen3-0.6B", "prompt": ids,
+                                        "max_tokens": max_tokens, "stream": True,
+                                        "ignore_eos": True})
+            writer.write(build_request("127.0.0.1", port, "POST", "/v1/completions", body))
+            status, data = await read_response(reader)
+            assert status == 200 and data.endswith(b"data: [DONE]\n\n"), data[-200:]
+            tokens += max_tokens
+        writer.close()
+
+    try:
+        await worker(0)  # warm-up request path once
+        tokens = 0
+        c0 = sum(proc.cpu_times()[:2])
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        wall = time.perf_counter() - t0
+        cpu = sum(proc.cpu_times()[:2]) - c0
+    finally:
+        router.terminate()
+        router.wait(30)
+        for e in engines:
+            e.terminate()
+            e.wait(30)
+    return {"tokens": tokens, "router_cpu_s": cpu, "cpu_us_per_token": cpu / tokens * 1e6,
+            "tokens_per_s": tokens / wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--parts", default="b,c,cpu")
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--tenants", type=int, default=24)
+    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--blocks", type=int, default=160, help="KV blocks per sim engine")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--policies",
+                   default="cache_aware,oracle,sglang_char_tree,shortest_queue,round_robin")
+    p.add_argument("--load-weight", type=float, default=PolicyConfig().load_weight)
+    p.add_argument("--request-tokens", type=float, default=PolicyConfig().request_tokens)
+    p.add_argument("--json", type=Path, help="also write the results here")
+    a = p.parse_args(argv)
+    parts = set(a.parts.split(","))
+    results: dict[str, Any] = {}
+    if "b" in parts:
+        print("(b) added TTFT: router vs straight to the engine (max_tokens=1, 256-token prompts)")
+        results["b"] = asyncio.run(part_b(200))
+        print("  " + json.dumps({k: round(v, 3) for k, v in results["b"].items()}))
+    if "c" in parts:
+        print(f"(c) cache effectiveness: {a.engines} engines x {a.blocks} blocks, {a.tenants} "
+              f"tenants, {a.requests} requests, concurrency {a.concurrency}")
+        cfg = PolicyConfig("cache_aware", load_weight=a.load_weight,
+                           request_tokens=a.request_tokens)
+        results["c"] = asyncio.run(part_c(a.requests, a.engines, a.tenants, a.concurrency,
+                                          a.blocks, a.policies.split(","), cfg, a.reps))
+        print("  medians over reps:")
+        for name, r in results["c"].items():
+            print(f"  {name:<18} {json.dumps({k: round(v, 3) for k, v in r.items()})}")
+        c = results["c"]
+        if "oracle" not in c or "cache_aware" not in c:
+            return 0
+        ratio = c["cache_aware"]["hit_rate"] / max(c["oracle"]["hit_rate"], 1e-9)
+        best = min((v["ttft_p50_ms"], k) for k, v in c.items() if k != "oracle")
+        print(f"  cache_aware hit rate = {ratio:.3f} x oracle; best non-oracle TTFT p50: {best[1]}")
+    if "cpu" in parts:
+        print("(cpu) router process CPU per streamed token (2 sim engines, /v1/completions SSE)")
+        results["cpu"] = asyncio.run(part_cpu(200, 64, 16))
+        print("  " + json.dumps({k: round(v, 3) for k, v in results["cpu"].items()}))
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
