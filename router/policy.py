@@ -53,6 +53,9 @@ class PolicyConfig:
     # A cold prompt goes to its hashed home engine unless that has more than this factor times
     # the fleet's mean load.
     cold_load_factor: float = 1.25
+    # A cached prefix shorter than this fraction of the prompt is treated as cold: chasing the
+    # remnants that LRU eviction leaves on many engines would scatter a tenant across them.
+    min_hit_fraction: float = 0.5
     # How long a routed-but-not-yet-confirmed prefix counts as cached on its engine.
     optimistic_ttl: float = 10.0
     seed: int = 0
@@ -66,6 +69,8 @@ class PolicyConfig:
             raise ValueError(f"unknown policy {self.name!r}; choose one of {', '.join(POLICIES)}")
         if self.load_weight < 0 or self.request_tokens < 0 or self.optimistic_ttl < 0:
             raise ValueError("load_weight, request_tokens and optimistic_ttl must be >= 0")
+        if not 0.0 <= self.min_hit_fraction <= 1.0:
+            raise ValueError("min_hit_fraction must be within [0, 1]")
         if self.cold_load_factor < 1:
             raise ValueError("cold_load_factor must be >= 1")
         if self.cache_threshold is not None and not 0.0 <= self.cache_threshold <= 1.0:
@@ -157,7 +162,7 @@ class Policy:
         # within a load bound (consistent hashing with bounded loads). A tenant whose prefix was
         # evicted everywhere thus returns to the same engine instead of spreading its copies.
         ranked = _rendezvous_order(tokens, loads)
-        if best == 0:
+        if best < cfg.min_hit_fraction * n_tokens:
             total = sum(load.requests for load in loads)
             bound = math.ceil(cfg.cold_load_factor * (total + 1) / len(loads))
             home = next((load for load in ranked if load.requests + 1 <= bound), None)

@@ -133,7 +133,8 @@ def test_cache_aware_is_the_argmin_of_the_cost(
         return len(tokens) - cached + weight * (load.pending_prefill_tokens + 32 * reqs)
 
     chosen = next(load for load in loads if load.engine == d.engine)
-    if all(held.get(load.engine, 0) == 0 for load in loads):
+    best = max(held.get(load.engine, 0) * BLOCK for load in loads)
+    if best < 0.5 * len(tokens):
         # Cold: the hashed home engine within the load bound, else the least loaded.
         total = sum(load.requests for load in loads)
         bound = math.ceil(1.25 * (total + 1) / len(loads))
@@ -143,6 +144,8 @@ def test_cache_aware_is_the_argmin_of_the_cost(
     else:
         assert cost(chosen) == pytest.approx(min(cost(load) for load in loads))
     assert d.cached_tokens == held.get(d.engine, 0) * BLOCK
+    if best >= 0.5 * len(tokens):
+        assert d.reason == ("prefix_hit" if d.cached_tokens == best else "spill")
     # Deterministic: the same state in another order gives the same answer.
     policy2, index2 = _policy(load_weight=weight, request_tokens=32)
     for engine, blocks in held.items():
