@@ -194,6 +194,18 @@ class EngineClient:
                 "(model loading can take minutes)."
             ) from None
 
+    async def wait_connects(self, engine: str, count: int, timeout: float) -> None:
+        """Wait until the engine has connected ``count`` times in all (``counters.connects``):
+        a restarted engine's new handshake, or a re-adoption."""
+        eng = self._engine(engine)
+
+        async def reached() -> None:
+            while eng.counters.connects < count:
+                eng.connect_event.clear()
+                await eng.connect_event.wait()
+
+        await asyncio.wait_for(reached(), timeout)
+
     # ---- requests ----
 
     async def submit(self, engine: str, request: EngineCoreRequest) -> RequestStream:
@@ -422,6 +434,7 @@ class EngineClient:
         eng.last_output = time.monotonic()
         eng.counters.connects += 1
         eng.ready_event.set()
+        eng.connect_event.set()
 
     def _engine_died(self, eng: EngineState, reason: str) -> None:
         eng.status = EngineStatus.DEAD

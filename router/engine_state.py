@@ -77,6 +77,7 @@ class EngineState:
         self.adopted = False
         self.death_reason: str | None = None
         self.ready_event = asyncio.Event()
+        self.connect_event = asyncio.Event()  # set on every (re)connect; waiters clear it
         self.in_flight: dict[str, RequestStream] = {}
         self._stats_raw: msgspec.Raw | None = None
         self._stats: dict[str, Any] | None = None

@@ -183,6 +183,20 @@ class KVSubscriber:
         async with feed.lock:
             await self._replay(feed, 0 if feed.expected is None else feed.expected)
 
+    async def engine_restarted(self, engine: str) -> None:
+        """A new process serves this engine (the client saw a new handshake): forget the old
+        one's blocks and rebuild from the new process's replay buffer.
+
+        Seq detection alone misses a restart when the new process has already published past
+        the old sequence by the time we hear from it.
+        """
+        feed = self._feeds[engine]
+        async with feed.lock:
+            feed.counters.resets += 1
+            self._clear(feed)
+            feed.expected = 0
+            await self._replay(feed, 0)
+
     async def _run(self, feed: _EngineFeed) -> None:
         while True:
             frames = await feed.sub.recv_multipart()

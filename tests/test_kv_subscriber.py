@@ -203,3 +203,36 @@ async def test_replay_restores_exact_index_over_lossy_link(tmp_path: Path) -> No
         proxy.close()
         ctx.term()
         engine.kill()
+
+
+async def test_engine_restart_clears_its_index(tmp_path: Path) -> None:
+    engine = make_engine("sim", "rs", tmp_path, block_size="16")
+    index = NaiveIndex()
+    old, new = random_tokens(48, 1), random_tokens(48, 2)
+    try:
+        async with EngineClient([engine.spec]) as client, KVSubscriber(index) as sub:
+            sub.add_engine(engine.kv)
+            engine.spawn()
+            await client.wait_ready(60.0)
+            await (await client.submit("rs", make_request(old, 2))).collect()
+            await sub.resync("rs")
+            assert index.match("rs", old, 16) == 48
+            engine.kill()
+            engine.spawn()  # a new process: its KV sequence starts at 0 again
+            await client.wait_connects("rs", 2, 60.0)
+            # What the fleet does on a new handshake: the old process's blocks are gone.
+            await sub.engine_restarted("rs")
+            assert index.match("rs", old, 16) == 0
+            await (await client.submit("rs", make_request(new, 2))).collect()
+            await sub.resync("rs")
+            assert index.match("rs", new, 16) == 48
+            assert index.match("rs", old, 16) == 0
+            c = sub.counters("rs")
+            assert c.resets == 1 and c.lost_batches == 0
+    finally:
+        engine.kill()
+
+
+def random_tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 50_000) for _ in range(n)]
