@@ -315,6 +315,7 @@ def test_prefix_hits_are_reported_and_namespaced(sim: Harness) -> None:
     by_first_token = {tuple(e.token_ids[:1]): e for e in stored if e.parent_block_hash is None}
     plain, salted_or_lora = stored[0], [e for e in stored if e.extra_keys and e.extra_keys[0]]
     assert plain.extra_keys == [None] * len(plain.block_hashes) and plain.medium == "GPU"
+    assert (plain.group_idx, plain.kv_cache_spec_kind) == (0, "full_attention")
     assert {tuple((e.extra_keys or [None])[0] or ()) for e in salted_or_lora} == {
         ("tenant",),
         ("adapter",),
@@ -690,3 +691,112 @@ def test_malformed_messages_are_dropped_not_fatal(sim: Harness) -> None:
     fe.add("ok", [1, 2, 3], max_tokens=2)
     got, _ = fe.run("ok")
     assert len(fe.tokens(got["ok"])) == 2
+
+
+# ---------------------------------------------------------------- the referee: real vLLM
+
+
+def _summarize_event(e: wire.KVEvent, known: set[int]) -> tuple[Any, ...]:
+    """An event without its opaque hashes, but with how it chains to what came before."""
+    if isinstance(e, wire.BlockStored):
+        parent = None if e.parent_block_hash is None else int(e.parent_block_hash) in known
+        known.update(int(h) for h in e.block_hashes)
+        return (
+            "stored",
+            len(e.block_hashes),
+            parent,
+            # Generated tokens differ between models: the length and the first (prompt) token.
+            (len(e.token_ids), e.token_ids[0]),
+            e.block_size,
+            e.lora_id,
+            e.medium,
+            e.lora_name,
+            e.extra_keys,
+            e.group_idx,
+            e.kv_cache_spec_kind,
+        )
+    if isinstance(e, wire.BlockRemoved):
+        return ("removed", [int(h) in known for h in e.block_hashes], e.medium, e.group_idx)
+    return ("cleared",)
+
+
+def _scenario(ctx: zmq.Context[zmq.Socket[bytes]], engine: Any) -> dict[str, Any]:
+    """Drive an engine started by tests/engines.py (its frontend gone) as a re-adopting frontend."""
+    spec = engine.spec
+    fe = Frontend.__new__(Frontend)
+    fe.ctx, fe.in_addr, fe.out_addr = ctx, spec.input_address, spec.output_address
+    fe.enc = msgspec.msgpack.Encoder(enc_hook=wire.enc_hook)
+    fe.dec = msgspec.msgpack.Decoder(wire.EngineCoreOutputs, ext_hook=wire.ext_hook)
+    fe.aux, fe.identity = {}, b"\x00\x00"
+    fe.hs = ctx.socket(zmq.ROUTER)  # unused: these engines handshook already
+    fe.bind_io()
+    monitor = fe.inp.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    assert monitor.poll(60_000), "the engine did not reconnect"
+    fe.inp.disable_monitor()
+    monitor.close(linger=0)
+    seen: list[int] = [len(replay(ctx, engine.kv.replay_endpoint))]
+    known: set[int] = set()
+    hashes_of = seen  # replay position, advanced per scenario
+
+    def run(rid: str, prompt: list[int], **params: Any) -> dict[str, Any]:
+        fe.add(rid, prompt, temperature=0.0, **params)
+        got, _ = fe.run(rid)
+        outs = []
+        for o, frames in zip(got[rid], fe.aux[rid], strict=True):
+            lp = None
+            if o.new_logprobs is not None:
+                d = decode_logprobs(o.new_logprobs, frames)
+                lp = (
+                    d.token_ids.dtype.str,
+                    d.token_ids.shape,
+                    d.logprobs.dtype.str,
+                    d.sampled_ranks.dtype.str,
+                    d.sampled_ranks.shape,
+                    len(frames),
+                )
+            outs.append(
+                (
+                    len(o.new_token_ids),
+                    o.finish_reason,
+                    o.stop_reason,
+                    o.prefill_stats,
+                    [e.type for e in o.events or []],
+                    lp,
+                )
+            )
+        # KV batches of the step that finished rid are published before its output is sent.
+        batches = replay(ctx, engine.kv.replay_endpoint, hashes_of[0])
+        hashes_of[0] += len(batches)
+        return {"outs": outs, "events": [_summarize_event(e, known) for e in events_of(batches)]}
+
+    try:
+        result: dict[str, Any] = {"reset": fe.utility(1, "reset_prefix_cache").result}
+        prompt = list(range(1000, 1300))
+        result["cold"] = run("cold", prompt, max_tokens=4)
+        result["warm"] = run("warm", prompt, max_tokens=4)
+        result["exact_blocks"] = run("exact", prompt[:256], max_tokens=2)
+        result["reset_again"] = fe.utility(2, "reset_prefix_cache").result
+        result["after_reset"] = run("after", prompt, max_tokens=2)
+        result["cross_block"] = run(
+            "cross", list(range(2000, 2120)), max_tokens=20, ignore_eos=True
+        )
+        result["logprobs"] = run("lp", list(range(3000, 3010)), max_tokens=2, logprobs=2)
+        result["logprobs_aux"] = run("lpa", list(range(3000, 3010)), max_tokens=2, logprobs=80)
+        result["min_tokens"] = run("min", list(range(4000, 4010)), max_tokens=3, min_tokens=2)
+        bad = fe.utility(3, "no_such_method")
+        result["bad_utility"] = (bad.failure_message, bad.result)
+        result["is_sleeping"] = fe.utility(4, "is_sleeping").result
+        return result
+    finally:
+        fe.close()
+
+
+@pytest.mark.vllm
+def test_sim_matches_real_vllm_on_the_wire(
+    ctx: zmq.Context[zmq.Socket[bytes]], sim_engine: Any, vllm_engine: Any
+) -> None:
+    """One scenario against both: token counts, finish/stop reasons, prefill_stats, request
+    events, logprobs array layout, utility answers and the KV events (hashes aside) must agree."""
+    sim = _scenario(ctx, sim_engine)
+    real = _scenario(ctx, vllm_engine)
+    assert {k: (sim[k], v) for k, v in real.items() if sim[k] != v} == {}
