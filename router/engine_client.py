@@ -129,14 +129,16 @@ class EngineClient:
         if self._phase is _Phase.CLOSED:
             return
         self._phase = _Phase.CLOSED
-        for task in self._tasks:
+        tasks = self._tasks + [t for eng in self.engines.values() for t in eng.tasks]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
         closed = EngineUnavailableError("engine client closed")
         for eng in self.engines.values():
+            eng.tasks.clear()
             self._fail_engine_requests(eng, closed)
             for sock in eng.sockets():
                 sock.close(linger=0)
@@ -174,9 +176,26 @@ class EngineClient:
             ) from e
         eng = EngineState(spec, handshake, inp, out)
         self.engines[spec.name] = eng
-        self._tasks.append(asyncio.create_task(self._listen(eng), name=f"listen-{spec.name}"))
-        self._tasks.append(asyncio.create_task(self._control(eng), name=f"control-{spec.name}"))
+        eng.tasks = [
+            asyncio.create_task(self._listen(eng), name=f"listen-{spec.name}"),
+            asyncio.create_task(self._control(eng), name=f"control-{spec.name}"),
+        ]
         return eng
+
+    async def remove_engine(self, name: str) -> None:
+        """Stop linking to an engine: its requests fail, its sockets close (the engine itself
+        keeps running and would be re-adopted by a client binding the same addresses)."""
+        eng = self.engines.pop(name, None)
+        if eng is None:
+            return
+        for task in eng.tasks:
+            task.cancel()
+        for task in eng.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_engine_requests(eng, EngineUnavailableError(f"engine {name!r} was removed"))
+        for sock in eng.sockets():
+            sock.close(linger=0)
 
     async def wait_ready(self, timeout: float, engines: Sequence[str] | None = None) -> None:
         """Wait until the named (default: all) engines are handshaken or re-adopted."""

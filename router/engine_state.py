@@ -83,6 +83,7 @@ class EngineState:
         self._stats: dict[str, Any] | None = None
         self.last_output = 0.0
         self.counters = LinkCounters()
+        self.tasks: list[asyncio.Task[None]] = []  # listener + control, owned by the client
 
     def set_raw_stats(self, raw: msgspec.Raw) -> None:
         self._stats_raw = raw

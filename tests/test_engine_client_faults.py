@@ -17,6 +17,7 @@ from router.engine_client import (
     EngineClient,
     EngineDeadError,
     EngineStatus,
+    EngineUnavailableError,
 )
 from router.wire import ENGINE_CORE_DEAD, FinishReason
 from tests.engines import EngineProc, make_engine
@@ -143,3 +144,23 @@ async def test_many_engines_one_client(tmp_path: Path) -> None:
     finally:
         for e in engines:
             e.kill()
+
+
+async def test_remove_and_re_add_engine_at_run_time(sims: list[EngineProc]) -> None:
+    a, b = sims
+    async with EngineClient([a.spec, b.spec], dead_after=DEAD_AFTER) as client:
+        await start(client, sims)
+        on_a = await client.submit(a.name, make_request(random_prompt(16), 200))
+        on_b = await client.submit(b.name, make_request(random_prompt(16), 20))
+        await anext(on_a)
+        await client.remove_engine(a.name)
+        with pytest.raises(EngineUnavailableError, match="removed"):
+            await on_a.collect()
+        assert a.name not in client.engines
+        assert len(tokens(await on_b.collect())) == 20
+        # Bound again: the still-running engine reconnects and is adopted without a handshake.
+        state = client.add_engine(a.spec)
+        await client.wait_ready(30.0, [a.name])
+        assert state.adopted
+        out = await (await client.submit(a.name, make_request(random_prompt(8), 3))).collect()
+        assert len(tokens(out)) == 3
