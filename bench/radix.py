@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/radix.py            # full run (~1-2 min on 2 cores)
     .venv/bin/python bench/radix.py --quick    # smaller sizes, for a smoke run
+    .venv/bin/python bench/radix.py --plot docs/img/radix_match.png   # also the length sweep
 
 Every figure is measured in this run; memory is RSS growth in a fresh subprocess per structure.
 Times are CPU time of this process (``time.process_time``): the benchmark machine is shared, and
@@ -201,13 +202,13 @@ def fresh(engines: int) -> PrefixIndex:
 
 
 def bench_match(prompt_tokens: int, engines: int, repeat: int) -> dict[str, float]:
-    """A prompt fully cached on 1 of ``engines``; the others hold its first 1k tokens."""
+    """A prompt fully cached on 1 of ``engines``; the others hold its first (up to) 1k tokens."""
     rng = random.Random(5)
     vocab = words()
     prompt = [rng.randrange(VOCAB) for _ in range(prompt_tokens)]
     index, tree, hashes = fresh(engines), CharTree(), {}
     for e in range(engines):
-        part = prompt if e == engines // 2 else prompt[:1024] + [1] * 512
+        part = prompt if e == engines // 2 else prompt[: min(1024, prompt_tokens // 2)] + [1] * 512
         store_prompt(index, f"e{e}", part, rng, hashes)
         tree.insert("".join(vocab[t] for t in part), f"e{e}", 0.0)
     text = "".join(vocab[t] for t in prompt)
@@ -316,10 +317,32 @@ def in_subprocess(*args: str) -> dict[str, Any]:
     return result
 
 
+def plot(path: str, lengths: list[int], sweep: list[dict[str, float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(lengths, [r["index_ms"] for r in sweep], "o-", label="PrefixIndex.match (64 engines)")
+    ax.plot(lengths, [r["tree_ms"] for r in sweep], "s-", label="char tree prefix_match")
+    ax.axhline(1.0, color="grey", linestyle=":", label="1 ms target at 32k")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens (fully cached on 1 of 64 engines)")
+    ax.set_ylabel("CPU ms per match (median)")
+    ax.set_title(f"radix match cost (calibration {calibration_ms():.1f} ms)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", nargs="+")
+    ap.add_argument("--plot", help="PNG path: match time vs prompt length, index and tree")
     args = ap.parse_args()
     if args.child:
         if args.child[0] == "blocks":
@@ -359,6 +382,15 @@ def main() -> None:
     rows.append(("RSS, same prompts as text in the character tree",
                  f"{tree['rss_growth'] / 2**20:.1f} MiB",
                  f"tree/index = {tree['rss_growth'] / idx['rss_growth']:.1f}x"))
+
+    if args.plot:
+        lengths = [1024, 4096, 8192, 16384, 32768]
+        sweep = [bench_match(n, engines=64, repeat=20) for n in lengths]
+        plot(args.plot, lengths, sweep)
+        for n, r in zip(lengths, sweep, strict=True):
+            rows.append((f"match {n:,}-token prompt (sweep), index | char tree",
+                         f"{r['index_ms']:.3f} ms | {r['tree_ms']:.3f} ms",
+                         f"index/tree = {r['index_ms'] / r['tree_ms']:.0f}x"))
 
     width = max(len(r[0]) for r in rows)
     print(f"{'measurement':<{width}}  {'result':>28}  target / ratio")

@@ -16,17 +16,15 @@ Layout (memory is the constraint: millions of blocks, <= 200 bytes each):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import is_not
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, token_bytes
 from radix.optimistic import Optimistic
+from radix.stamps import SEQ_BITS, SEQ_MASK, evict_oldest, renew, renumber
+from radix.walk import walk
 
-SEQ_BITS = 44
-SEQ_MASK = (1 << SEQ_BITS) - 1
 # Groups whose cached prefix can be resumed from any block boundary.  Sliding-window, chunked-local
 # and mamba groups keep only a tail, so their blocks must not extend a prefix match.
 FULL_ATTENTION_KINDS = frozenset({None, "full_attention", "mla_attention", "sink_full_attention"})
@@ -72,13 +70,6 @@ class _Engine:
 def _norm(block_hash: BlockHash) -> BlockHash:
     # 60 bits keep the int small (see keys.KEY_MASK); a clash inside one engine is ~1e-8.
     return block_hash & KEY_MASK if isinstance(block_hash, int) else block_hash
-
-
-def _bits(mask: int) -> Iterator[int]:
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
 
 
 class PrefixIndex:
@@ -322,107 +313,22 @@ class PrefixIndex:
             return out
         buf = token_bytes(tokens)
         for size, engines_mask in sorted(self._size_masks.items()):
-            confirmed, optimistic = self._walk(buf, size, namespace, engines_mask, now)
-            for index, blocks in optimistic.items():
+            w = walk(self._nodes, self._optimistic, buf, size, root_key(size, namespace),
+                     engines_mask, now)
+            for index, blocks in w.optimistic.items():
                 name = self._by_index[index].name
-                out[name] = Match(confirmed.get(index, 0) * size, blocks * size)
+                out[name] = Match(w.confirmed.get(index, 0) * size, blocks * size)
+            if w.keys:
+                renew(self._nodes, w.keys, w.values, self._tick())
         return out
-
-    def _walk(
-        self, buf: bytes, size: int, namespace: Hashable, engines_mask: int, now: float
-    ) -> tuple[dict[int, int], dict[int, int]]:
-        """One pass over the prompt's blocks for every engine of this block size: each engine
-        leaves the walk at the first block it lacks, so the cost is O(blocks + engines)."""
-        get = self._nodes.get
-        opt = self._optimistic if self._optimistic else None
-        n = len(buf) // (size * 4)
-        alive_c = alive_o = engines_mask
-        confirmed: dict[int, int] = {}
-        optimistic: dict[int, int] = {}
-        keys: list[int] = []
-        values: list[int | None] = []
-        depth, deepest, stopped = 0, None, False
-        key, chunk = root_key(size, namespace), 8
-        while depth < n and not stopped:
-            # Keys in growing chunks: a miss costs one small chunk, a long hit few C-level calls.
-            chunk_keys = block_keys(buf, size, key, depth, min(n, depth + chunk))
-            chunk_values = list(map(get, chunk_keys))
-            keys += chunk_keys
-            values += chunk_values
-            key, chunk, m = chunk_keys[-1], chunk * 4, len(chunk_keys)
-            # Only blocks whose holders differ from the block before can change the answer (a
-            # run stored by one event shares one value object); found by C-level passes.
-            marks = set(compress(range(1, m), map(is_not, chunk_values[1:], chunk_values[:-1])))
-            marks.add(0)
-            if opt is not None:
-                hits = list(compress(range(m), map(opt.__contains__, chunk_keys)))
-                marks.update(hits)
-                marks.update(i + 1 for i in hits if i + 1 < m)
-            for i in sorted(marks):
-                value = chunk_values[i]
-                held = 0 if value is None else value >> SEQ_BITS
-                still_c = alive_c & held
-                if still_c != alive_c:
-                    for index in _bits(alive_c ^ still_c):
-                        confirmed[index] = depth + i
-                    alive_c = still_c
-                    if not alive_c and deepest is None:
-                        deepest = depth + i
-                if opt is not None:
-                    held |= opt.mask(chunk_keys[i], now)
-                still_o = alive_o & held
-                if still_o != alive_o:
-                    for index in _bits(alive_o ^ still_o):
-                        optimistic[index] = depth + i
-                    alive_o = still_o
-                    if not alive_o:
-                        stopped = True
-                        break
-            if not stopped:
-                depth += m
-        for index in _bits(alive_c):
-            confirmed[index] = depth
-        for index in _bits(alive_o):
-            optimistic[index] = depth
-        deepest = depth if deepest is None else deepest
-        self._touch(keys[:deepest], values[:deepest])
-        return confirmed, optimistic
 
     # ---- LRU ----
 
     def _tick(self) -> int:
         if self._seq >= SEQ_MASK:
-            self._renumber()
+            self._seq = renumber(self._nodes)
         self._seq += 1
         return self._seq
 
-    def _touch(self, keys: list[int], values: list[int | None]) -> None:
-        if not keys:
-            return
-        seq = self._tick()
-        renewed = {v: (v >> SEQ_BITS << SEQ_BITS) | seq for v in set(values) if v is not None}
-        held = cast(list[int], values)  # every matched block exists
-        self._nodes.update(zip(keys, map(renewed.__getitem__, held), strict=True))
-
     def _evict(self) -> None:
-        nodes = self._nodes
-        excess = len(nodes) - self.low_water
-        # Whole stamps go together (a stamp is one store or match), so slightly more than
-        # ``excess`` may be evicted.
-        cut = sorted([value & SEQ_MASK for value in nodes.values()])[excess - 1]
-        doomed = [key for key, value in nodes.items() if value & SEQ_MASK <= cut]
-        for key in doomed:
-            del nodes[key]
-        self.stats.evicted_blocks += len(doomed)
-
-    def _renumber(self) -> None:
-        # Only after 2**44 stores and matches; the order (all the LRU needs) is kept.
-        stamps = sorted({value & SEQ_MASK for value in self._nodes.values()})
-        rank = {stamp: i for i, stamp in enumerate(stamps)}
-        renewed: dict[int, int] = {}
-        for key, value in self._nodes.items():
-            new = renewed.get(value)
-            if new is None:
-                new = renewed[value] = (value >> SEQ_BITS << SEQ_BITS) | rank[value & SEQ_MASK]
-            self._nodes[key] = new
-        self._seq = len(stamps)
+        self.stats.evicted_blocks += evict_oldest(self._nodes, self.low_water)

@@ -118,7 +118,7 @@ SIZES = {"a": 2, "b": 2, "c": 4}
 NAMESPACES = [namespace_for(None, None), namespace_for("lora-x", None), namespace_for(None, "s1")]
 # A few prompts sharing prefixes (so operations keep meeting the same blocks), then any prompt.
 POOL = [[0, 1] * 6, [0, 1] * 4 + [1] * 4, [0, 1, 0, 1, 1, 0, 0, 0], [1] * 10, [0, 1] * 3]
-prompts = st.sampled_from(POOL) | st.lists(st.integers(0, 1), max_size=14)
+prompts = st.sampled_from(POOL) | st.sampled_from(POOL) | st.lists(st.integers(0, 1), max_size=14)
 engines = st.sampled_from(sorted(SIZES))
 namespaces = st.sampled_from(NAMESPACES)
 
@@ -161,6 +161,44 @@ class IndexVersusModel(RuleBasedStateMachine):
         token_ids = [t for b in blocks for t in b]  # type: ignore[attr-defined]
         self.index.apply_stored(engine, hashes, parent, token_ids, ns, self.now)
         self.model.stored(engine, hashes, parent, blocks, ns)  # type: ignore[arg-type]
+
+    @rule(engine=engines, tokens=prompts, ns=namespaces, upto=st.integers(1, 7))
+    def request_ran(self, engine: str, tokens: list[int], ns: object, upto: int) -> None:
+        """What vLLM announces after running a prompt: the blocks it lacked, under their parent."""
+        if engine not in self.model.sizes:
+            return
+        paths = Model.paths(tokens, SIZES[engine], ns)[:upto]
+        have = 0
+        while have < len(paths) and self.engine_hash(engine, paths[have]) in self.model.emap[
+                engine]:
+            have += 1
+        new = paths[have:]
+        hashes = [self.engine_hash(engine, p) for p in new]
+        parent = self.engine_hash(engine, paths[have - 1]) if have else None
+        blocks = [p[-1] for p in new]
+        token_ids = [t for b in blocks for t in b]  # type: ignore[attr-defined]
+        self.index.apply_stored(engine, hashes, parent, token_ids, ns, self.now)
+        self.model.stored(engine, hashes, parent, blocks, ns)  # type: ignore[arg-type]
+
+    @rule(engine=engines, tokens=prompts, ns=namespaces, ttl=st.sampled_from([0.5, 5.0]))
+    def routed_then_ran(self, engine: str, tokens: list[int], ns: object, ttl: float) -> None:
+        """The usual life of a request: optimistic blocks first, then the engine's events."""
+        self.routed(engine, tokens, ns, ttl)
+        self.request_ran(engine, tokens, ns, 7)
+
+    @rule(engine=engines, tokens=prompts, ns=namespaces, data=st.data())
+    def rehashed(self, engine: str, tokens: list[int], ns: object, data: st.DataObject) -> None:
+        """An engine announces a hash it used before for another block (a restart without a
+        reset, a clash): the old block must not stay attributed to it."""
+        if engine not in self.model.sizes or not self.model.emap[engine]:
+            return
+        paths = Model.paths(tokens, SIZES[engine], ns)
+        if not paths:
+            return
+        h = data.draw(st.sampled_from(sorted(self.model.emap[engine], key=repr)))
+        token_ids = list(paths[0][-1])  # type: ignore[call-overload]
+        self.index.apply_stored(engine, [h], None, token_ids, ns, self.now)
+        self.model.stored(engine, [h], None, [paths[0][-1]], ns)  # type: ignore[list-item]
 
     @rule(engine=engines, data=st.data())
     def removed(self, engine: str, data: st.DataObject) -> None:

@@ -1,0 +1,88 @@
+"""The match walk: one pass over a prompt's block keys for all engines of one block size."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import compress
+from operator import is_not
+from typing import NamedTuple
+
+from radix.keys import block_keys
+from radix.optimistic import Optimistic
+from radix.stamps import SEQ_BITS
+
+
+class Walk(NamedTuple):
+    confirmed: dict[int, int]  # engine bit index -> leading blocks held
+    optimistic: dict[int, int]  # engine bit index -> leading blocks held or optimistic
+    keys: list[int]  # the blocks some engine holds confirmed (renewed for the LRU)
+    values: list[int | None]
+
+
+def bits(mask: int) -> Iterator[int]:
+    """Indices of the set bits of ``mask``."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def walk(
+    nodes: dict[int, int], pending: Optimistic, buf: bytes, size: int, seed: int,
+    engines_mask: int, now: float
+) -> Walk:
+    """One pass over the prompt's blocks for every engine of this block size: each engine
+    leaves the walk at the first block it lacks, so the cost is O(blocks + engines)."""
+    get = nodes.get
+    opt = pending if pending else None
+    n = len(buf) // (size * 4)
+    alive_c = alive_o = engines_mask
+    confirmed: dict[int, int] = {}
+    optimistic: dict[int, int] = {}
+    keys: list[int] = []
+    values: list[int | None] = []
+    depth, deepest, stopped = 0, None, False
+    key, chunk = seed, 8
+    while depth < n and not stopped:
+        # Keys in growing chunks: a miss costs one small chunk, a long hit few C-level calls.
+        chunk_keys = block_keys(buf, size, key, depth, min(n, depth + chunk))
+        chunk_values = list(map(get, chunk_keys))
+        keys += chunk_keys
+        values += chunk_values
+        key, chunk, m = chunk_keys[-1], chunk * 4, len(chunk_keys)
+        # Only blocks whose holders differ from the block before can change the answer (a
+        # run stored by one event shares one value object); found by C-level passes.
+        marks = set(compress(range(1, m), map(is_not, chunk_values[1:], chunk_values[:-1])))
+        marks.add(0)
+        if opt is not None:
+            hits = list(compress(range(m), map(opt.__contains__, chunk_keys)))
+            marks.update(hits)
+            marks.update(i + 1 for i in hits if i + 1 < m)
+        for i in sorted(marks):
+            value = chunk_values[i]
+            held = 0 if value is None else value >> SEQ_BITS
+            still_c = alive_c & held
+            if still_c != alive_c:
+                for index in bits(alive_c ^ still_c):
+                    confirmed[index] = depth + i
+                alive_c = still_c
+                if not alive_c and deepest is None:
+                    deepest = depth + i
+            if opt is not None:
+                held |= opt.mask(chunk_keys[i], now)
+            still_o = alive_o & held
+            if still_o != alive_o:
+                for index in bits(alive_o ^ still_o):
+                    optimistic[index] = depth + i
+                alive_o = still_o
+                if not alive_o:
+                    stopped = True
+                    break
+        if not stopped:
+            depth += m
+    for index in bits(alive_c):
+        confirmed[index] = depth
+    for index in bits(alive_o):
+        optimistic[index] = depth
+    deepest = depth if deepest is None else deepest
+    return Walk(confirmed, optimistic, keys[:deepest], values[:deepest])
