@@ -18,7 +18,7 @@ from render.sampling import SamplingParams
 from router import wire
 from router.ndarrays import decode_logprobs
 from router.sim.config import KVEventsConfig, default_model_dir
-from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
+from router.sim.launch import SimEngineThread, sim_engines, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
 
 TIMEOUT_MS = 20_000
@@ -800,3 +800,26 @@ def test_sim_matches_real_vllm_on_the_wire(
     sim = _scenario(ctx, sim_engine)
     real = _scenario(ctx, vllm_engine)
     assert {k: (sim[k], v) for k, v in real.items() if sim[k] != v} == {}
+
+
+def test_sim_engines_helper_runs_a_fleet(
+    ctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path
+) -> None:
+    fronts = []
+    for k in range(3):
+        (tmp_path / str(k)).mkdir()
+        fronts.append(Frontend(ctx, tmp_path / str(k)))
+    try:
+        with sim_engines([f.hs_addr for f in fronts], TOKENS, step_time=0.001) as engines:
+            for f in fronts:
+                f.handshake()
+            assert all(e.wait_ready(10) for e in engines)
+            for k, f in enumerate(fronts):
+                f.add(f"r{k}", [k + 1] * 5, max_tokens=3)
+            for k, f in enumerate(fronts):
+                got, _ = f.run(f"r{k}")
+                assert len(f.tokens(got[f"r{k}"])) == 3
+        assert not any(e.thread.is_alive() for e in engines)
+    finally:
+        for f in fronts:
+            f.close()
