@@ -823,3 +823,17 @@ def test_sim_engines_helper_runs_a_fleet(
     finally:
         for f in fronts:
             f.close()
+
+
+def test_decode_time_grows_with_the_batch(sim: Harness) -> None:
+    fe = sim.start(step_time=0.0, decode_time_per_seq=0.004, max_num_seqs=8)
+    t0 = time.monotonic()
+    fe.add("solo", [1, 2, 3], max_tokens=5)
+    fe.run("solo")
+    solo = time.monotonic() - t0
+    t0 = time.monotonic()
+    for k in range(8):
+        fe.add(f"b{k}", [k + 1] * 3, max_tokens=5)
+    fe.run(*(f"b{k}" for k in range(8)))
+    batch = time.monotonic() - t0
+    assert solo >= 5 * 0.004 and batch >= 5 * 8 * 0.004 * 0.9  # the first step may hold fewer

@@ -48,6 +48,7 @@ class SimConfig:
     max_num_batched_tokens: int = 8192
     step_time: float = 0.01
     prefill_time_per_token: float = 2e-5
+    decode_time_per_seq: float = 0.0
     eos_prob: float = 0.0
     seed: int = 0
     log_stats: bool = True
@@ -62,7 +63,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
-        if self.step_time < 0 or self.prefill_time_per_token < 0:
+        if min(self.step_time, self.prefill_time_per_token, self.decode_time_per_seq) < 0:
             raise ValueError("step times must be >= 0")
         if not 0.0 <= self.eos_prob <= 1.0:
             raise ValueError("eos_prob must be in [0, 1]")
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=2e-5,
         help="extra seconds per uncached prompt token scheduled in a step",
+    )
+    p.add_argument(
+        "--decode-time-per-seq",
+        type=float,
+        default=0.0,
+        help="extra seconds per request in the step (batch-size-dependent decode cost)",
     )
     p.add_argument(
         "--model",
@@ -155,6 +162,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         max_num_batched_tokens=ns.max_num_batched_tokens,
         step_time=ns.step_time,
         prefill_time_per_token=ns.prefill_time_per_token,
+        decode_time_per_seq=ns.decode_time_per_seq,
         eos_prob=ns.eos_prob,
         seed=ns.seed,
         log_stats=not ns.disable_log_stats,

@@ -5,7 +5,8 @@ busy loop: running requests first (decode, or the next chunk of a chunked prefil
 newest running request when blocks run out; then waiting requests while the token budget, the
 sequence limit and free blocks allow, each starting from its longest cached prefix. A step costs
 ``step_time`` plus ``prefill_time_per_token`` per prompt token actually computed (cache hits are
-free). Sampling happens when a request's every token has been computed.
+free) and ``decode_time_per_seq`` per scheduled request. Sampling happens when a request's every
+token has been computed.
 """
 
 from __future__ import annotations
@@ -137,7 +138,11 @@ class Scheduler:
             scheduled.append((req, num_new, req.num_preemptions))
             prefill_tokens += num_new
             budget -= num_new
-        duration = cfg.step_time + cfg.prefill_time_per_token * prefill_tokens
+        duration = (
+            cfg.step_time
+            + cfg.prefill_time_per_token * prefill_tokens
+            + cfg.decode_time_per_seq * len(scheduled)
+        )
         return StepPlan(scheduled, duration)
 
     def _admit(self, req: SimRequest, budget: int) -> int | None:
