@@ -173,6 +173,16 @@ def launch(engines: Sequence[EngineProc], timeout: float) -> None:
         raise
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whichever test first asks for the session's vLLM engine pays its start: give every such
+    test room for it (pytest-timeout counts fixture setup), unless it set its own timeout."""
+    for item in items:
+        if "vllm_engine" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "timeout"
+        ):
+            item.add_marker(pytest.mark.timeout(VLLM_START_TIMEOUT + 300))
+
+
 @pytest.fixture(scope="session")
 def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc]:
     """One real headless vLLM engine (CPU, tiny random-weight Qwen3) for the whole session."""
