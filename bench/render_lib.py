@@ -33,8 +33,9 @@ WORDS = (
 
 
 def _text(seed: int, n_words: int) -> str:
-    # Deterministic, varied prose: a few words per seed so each chat is unique.
-    return " ".join(WORDS[(seed * 7 + i * 13 + i // 5) % len(WORDS)] for i in range(n_words)) + "."
+    # Deterministic prose; every 8th word carries the seed, so no piece repeats across chats.
+    words = (WORDS[(seed * 7 + i * 13 + i // 5) % len(WORDS)] for i in range(n_words))
+    return " ".join(f"{w}{seed}" if i % 8 == 0 else w for i, w in enumerate(words)) + "."
 
 
 def chat(seed: int, n_words: int, turns: int = 4) -> ChatCompletionRequest:
