@@ -295,14 +295,13 @@ class PrefixIndex:
         if size is None:
             return 0
         self._optimistic.purge(now)
-        nodes, bit, expiry, marked = self._nodes, eng.bit, now + ttl, 0
-        for key in block_keys(token_bytes(tokens), size, root_key(size, namespace)):
-            value = nodes.get(key)
-            if value is not None and (value >> SEQ_BITS) & bit:
-                continue
-            self._optimistic.add(key, eng.index, expiry)
-            marked += 1
-        return marked
+        keys = block_keys(token_bytes(tokens), size, root_key(size, namespace))
+        bit = eng.bit
+        values = list(map(self._nodes.get, keys))
+        unheld = [k for k, v in zip(keys, values, strict=True)
+                  if v is None or not (v >> SEQ_BITS) & bit]
+        self._optimistic.add(unheld, eng.index, now + ttl)
+        return len(unheld)
 
     def match(self, tokens: Sequence[int], namespace: Hashable, now: float) -> dict[str, Match]:
         """Per engine, the leading prompt tokens cached: confirmed, and confirmed plus unexpired

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import heapq
+from itertools import count
 
 
 class Optimistic:
     """``(block key, engine bit index) -> expiry``; an entry counts while ``now < expiry``.
 
-    Entries are few and short-lived (routing rate x ttl), so plain dicts suffice; a heap of
-    expiries lets every call drop what has expired in amortised O(1).
+    Entries are short-lived (routing rate x ttl).  Each ``add`` pushes ONE heap item holding its
+    keys, so routing a 32k-token prompt costs one push, and every call with a later ``now`` drops
+    what has expired in amortised O(1) per entry.
     """
 
-    __slots__ = ("_entries", "_heap", "_compact_at")
+    __slots__ = ("_entries", "_heap", "_order")
 
     def __init__(self) -> None:
         self._entries: dict[int, dict[int, float]] = {}
-        self._heap: list[tuple[float, int, int]] = []
-        # Compact when the heap doubles: amortised O(1) (len(self) is O(entries) per call).
-        self._compact_at = 64
+        self._heap: list[tuple[float, int, int, list[int]]] = []
+        self._order = count()  # ties on expiry never compare the key lists
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -30,17 +31,18 @@ class Optimistic:
     def __len__(self) -> int:
         return sum(len(d) for d in self._entries.values())
 
-    def add(self, key: int, engine: int, expiry: float) -> bool:
-        """Record or extend an entry; False if an entry already outlives ``expiry``."""
-        per_key = self._entries.setdefault(key, {})
-        if per_key.get(engine, float("-inf")) >= expiry:
-            return False
-        per_key[engine] = expiry
-        heapq.heappush(self._heap, (expiry, key, engine))
-        if len(self._heap) > self._compact_at:
-            self._compact()
-            self._compact_at = max(64, 2 * len(self._heap))
-        return True
+    def add(self, keys: list[int], engine: int, expiry: float) -> None:
+        """Record entries for ``keys``, or extend them to ``expiry``."""
+        if not keys:
+            return
+        entries = self._entries
+        for key in keys:
+            per_key = entries.get(key)
+            if per_key is None:
+                entries[key] = {engine: expiry}
+            elif per_key.get(engine, float("-inf")) < expiry:
+                per_key[engine] = expiry
+        heapq.heappush(self._heap, (expiry, next(self._order), engine, keys))
 
     def discard(self, key: int, engine: int) -> None:
         per_key = self._entries.get(key)
@@ -59,22 +61,20 @@ class Optimistic:
         return bits
 
     def purge(self, now: float) -> None:
-        heap = self._heap
+        heap, entries = self._heap, self._entries
         while heap and heap[0][0] <= now:
-            expiry, key, engine = heapq.heappop(heap)
-            per_key = self._entries.get(key)
-            # A stale heap item (entry extended, confirmed or dropped since) is just skipped.
-            if per_key is not None and per_key.get(engine) == expiry:
-                del per_key[engine]
-                if not per_key:
-                    del self._entries[key]
+            expiry, _, engine, keys = heapq.heappop(heap)
+            for key in keys:
+                per_key = entries.get(key)
+                # Entries extended, confirmed or dropped since are not this item's to remove.
+                if per_key is not None and per_key.get(engine) == expiry:
+                    del per_key[engine]
+                    if not per_key:
+                        del entries[key]
 
     def drop_engine(self, engine: int) -> None:
         for key in [k for k, d in self._entries.items() if engine in d]:
             self.discard(key, engine)
-        self._compact()
-
-    def _compact(self) -> None:
-        # Discarded and extended entries leave stale heap items behind; rebuild from the truth.
-        self._heap = [(x, k, e) for k, d in self._entries.items() for e, x in d.items()]
+        # Its heap items go too: the bit index may be reused by a new engine.
+        self._heap = [item for item in self._heap if item[2] != engine]
         heapq.heapify(self._heap)
