@@ -33,6 +33,9 @@ class ClusterOptions:
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides (step_time, ...)
     api_key: str | None = None
     ready_timeout: float = 60.0
+    # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
+    external: tuple[EngineSpec, ...] = ()
+    model: str | None = None  # model dir for the render (default: the embedded Qwen3)
 
 
 class LocalCluster:
@@ -42,7 +45,8 @@ class LocalCluster:
         self.options = options or ClusterOptions()
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="kvroute-")
         self.dir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
-        self.names = [f"engine-{i}" for i in range(self.options.engines)]
+        self.names = ([e.name for e in self.options.external] if self.options.external
+                      else [f"engine-{i}" for i in range(self.options.engines)])
         self.threads: dict[str, SimEngineThread] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -55,8 +59,11 @@ class LocalCluster:
         return f"ipc://{self.dir}/{name}.{kind}"
 
     def config(self) -> RouterConfig:
-        specs = tuple(EngineSpec(n, self._address(n, "hs")) for n in self.names)
+        specs = self.options.external or tuple(
+            EngineSpec(n, self._address(n, "hs")) for n in self.names)
+        model = self.options.model or RouterConfig().model
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
+                            model=model,
                             limits=self.options.limits, api_key=self.options.api_key,
                             log_json=False, log_level="WARNING")
 
@@ -86,11 +93,13 @@ class LocalCluster:
         self._thread.start()
         if not started.wait(30):
             raise RuntimeError(f"router did not start: {self._error!r}")
-        tokens = TokenTable.from_model_dir(default_model_dir()) if not self.options.processes \
-            else None
-        for name in self.names:
-            self.start_engine(name, tokens)
-        self.wait_ready(self.options.ready_timeout)
+        tokens = None
+        if not self.options.processes and not self.options.external:
+            tokens = TokenTable.from_model_dir(default_model_dir())
+        if not self.options.external:
+            for name in self.names:
+                self.start_engine(name, tokens)
+        self.wait_ready(self.options.ready_timeout, len(self.names))
 
     def start_engine(self, name: str, tokens: TokenTable | None = None) -> None:
         hs = self._address(name, "hs")

@@ -27,6 +27,12 @@ class EngineSpec:
     kv_events: str | None = None  # the engine's kv-events-config endpoint
     replay: str | None = None  # the engine's kv-events-config replay_endpoint
     topic: str = ""
+    # Where the router binds the engine's input/output sockets (default: next to the handshake,
+    # kernel-chosen ports). Fix them to re-adopt running engines after a router restart.
+    input: str | None = None
+    output: str | None = None
+    # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
+    block_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +160,15 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
         "name": f"engine-{index}", "handshake": head}
     for opt in opts:
         key, sep, val = opt.partition("=")
-        if not sep or key not in ("kv", "replay", "topic"):
-            raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=")
-        spec[{"kv": "kv_events"}.get(key, key)] = val
+        if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size"):
+            raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
+                              "output=, block_size=")
+        if key == "block_size":
+            if not val.isdigit():
+                raise ConfigError(f"--engine {value!r}: block_size must be an integer")
+            spec[key] = int(val)
+        else:
+            spec[{"kv": "kv_events"}.get(key, key)] = val
     return spec
 
 

