@@ -88,9 +88,15 @@ class ModelFiles:
     tokenizer: tokenizers.Tokenizer
     # normalizer / pre_tokenizer / added_tokens of tokenizer.json (what the piece cache checks)
     tokenizer_spec: dict[str, Any]
-    chat_template: str | None
+    # transformers' choice: "tool_use" when the request has tools and the model names one.
+    chat_templates: dict[str, str]
     special_tokens: dict[str, str] = field(default_factory=dict)
     tekken_path: Path | None = None
+
+    def chat_template(self, with_tools: bool) -> str | None:
+        if with_tools and "tool_use" in self.chat_templates:
+            return self.chat_templates["tool_use"]
+        return self.chat_templates.get("default")
 
     @property
     def eos_token_id(self) -> int | None:
@@ -109,19 +115,27 @@ class ModelFiles:
         return int(size) if isinstance(size, int) else self.tokenizer.get_vocab_size(True)
 
 
-def _template_from(tokenizer_dir: Path, tok_config: dict[str, Any]) -> str | None:
+def _templates_from(tokenizer_dir: Path, tok_config: dict[str, Any]) -> dict[str, str]:
+    """Named chat templates ("default", "tool_use", ...); a single template is "default"."""
     raw = tok_config.get("chat_template")
-    if isinstance(raw, list):  # named templates: transformers picks "default"
-        named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
-        raw = named.get("default")
+    if isinstance(raw, list):
+        return {
+            str(t["name"]): str(t["template"])
+            for t in raw
+            if isinstance(t, dict) and isinstance(t.get("template"), str)
+        }
     if isinstance(raw, str):
-        return raw
+        return {"default": raw}
     for name in ("chat_template.jinja", "chat_template.json"):
         p = tokenizer_dir / name
         if p.is_file():
             text = p.read_text(encoding="utf-8")
-            return str(json.loads(text)["chat_template"]) if name.endswith(".json") else text
-    return None
+            return {
+                "default": str(json.loads(text)["chat_template"])
+                if name.endswith(".json")
+                else text
+            }
+    return {}
 
 
 def load_model_files(
@@ -138,7 +152,11 @@ def load_model_files(
             f"{tok_file} not found: render needs a fast (tokenizer.json) tokenizer"
         )
     tok_config = _read_json(tok_path / "tokenizer_config.json")
-    template = chat_template if chat_template is not None else _template_from(tok_path, tok_config)
+    templates = (
+        {"default": chat_template}
+        if chat_template is not None
+        else _templates_from(tok_path, tok_config)
+    )
     specials = {
         k: s for k in SPECIAL_TOKEN_KEYS if (s := _token_str(tok_config.get(k))) is not None
     }
@@ -151,7 +169,7 @@ def load_model_files(
         tokenizer_config=tok_config,
         tokenizer=tokenizers.Tokenizer.from_str(raw.decode("utf-8")),
         tokenizer_spec=read_spec(raw),
-        chat_template=template,
+        chat_templates=templates,
         special_tokens=specials,
         tekken_path=tekken if tekken.is_file() else None,
     )

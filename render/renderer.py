@@ -167,7 +167,7 @@ class Renderer:
     # -- chat ---------------------------------------------------------------------------------
 
     def _template_for(self, req: ChatCompletionRequest) -> ChatTemplate:
-        source = self.files.chat_template
+        source = self.files.chat_template(req.tools is not None)
         if req.chat_template is not None:
             if not self.allow_request_chat_template:
                 raise TemplateUnavailableError(
@@ -220,9 +220,11 @@ class Renderer:
             raise BadRequestError(
                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
             )
-        if self._harmony is not None and req.chat_template is None:
+        # vLLM renders gpt-oss with Harmony and tekken models with mistral-common whatever
+        # chat_template the request carries; so do we.
+        if self._harmony is not None:
             ids = self._harmony.render(req)
-        elif self._mistral is not None and req.chat_template is None:
+        elif self._mistral is not None:
             ids = self._mistral.render(req)
         else:
             ids = self.encode(self.chat_prompt(req), req.add_special_tokens)
