@@ -8,7 +8,7 @@ from operator import is_not
 from typing import NamedTuple
 
 from radix.keys import block_keys
-from radix.optimistic import Optimistic
+from radix.optimistic import Optimistic, mask_of
 from radix.stamps import SEQ_BITS
 
 
@@ -50,14 +50,14 @@ def walk(
         keys += chunk_keys
         values += chunk_values
         key, chunk, m = chunk_keys[-1], chunk * 4, len(chunk_keys)
-        # Only blocks whose holders differ from the block before can change the answer (a
-        # run stored by one event shares one value object); found by C-level passes.
+        # Only blocks whose holders differ from the block before can change the answer (a run
+        # stored by one event shares one value object, a run routed together one optimistic
+        # holders dict); found by C-level passes.
         marks = set(compress(range(1, m), map(is_not, chunk_values[1:], chunk_values[:-1])))
         marks.add(0)
         if opt is not None:
-            hits = list(compress(range(m), map(opt.__contains__, chunk_keys)))
-            marks.update(hits)
-            marks.update(i + 1 for i in hits if i + 1 < m)
+            holders = list(map(opt.holders, chunk_keys))
+            marks.update(compress(range(1, m), map(is_not, holders[1:], holders[:-1])))
         for i in sorted(marks):
             value = chunk_values[i]
             held = 0 if value is None else value >> SEQ_BITS
@@ -68,8 +68,8 @@ def walk(
                 alive_c = still_c
                 if not alive_c and deepest is None:
                     deepest = depth + i
-            if opt is not None:
-                held |= opt.mask(chunk_keys[i], now)
+            if opt is not None and (pending_here := holders[i]):
+                held |= mask_of(pending_here, now)
             still_o = alive_o & held
             if still_o != alive_o:
                 for index in bits(alive_o ^ still_o):
