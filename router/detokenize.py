@@ -149,7 +149,8 @@ class TokenDecoder:
             self._texts = [_whole_text(b) for b in raw]
             self._texts_no_special = [_whole_text(b) for b in self._no_special]
         self._text_cache: dict[int, str] = {}
-        self._info_cache: dict[int, tuple[str, list[int]]] = {}
+        # Per token id, filled on first use: (text, bytes as ints) for logprobs.
+        self.info_table: list[tuple[str, list[int]] | None] = [None] * size
 
     def _byte_table(self, size: int) -> list[bytes]:
         # Mirrors tokenizers' ByteLevel decoder: a piece whose characters all stand for bytes
@@ -194,13 +195,12 @@ class TokenDecoder:
         return text
 
     def token_info(self, token_id: int) -> tuple[str, list[int]]:
-        """(text, bytes as ints) of one token for logprobs, cached for the model's lifetime.
+        """(text, bytes as ints) of one token for logprobs, cached in ``info_table``.
 
-        The cache is bounded by the vocabulary; callers must not mutate the list."""
-        info = self._info_cache.get(token_id)
-        if info is None:
-            info = self._info_cache[token_id] = (
-                self.token_text(token_id), list(self.token_bytes(token_id)))
+        Callers must not mutate the list: it is shared by every response."""
+        info = (self.token_text(token_id), list(self.token_bytes(token_id)))
+        if 0 <= token_id < len(self.info_table):
+            self.info_table[token_id] = info
         return info
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -75,9 +75,11 @@ def rows_of(raw: Any, aux: Sequence[Buffer] = ()) -> Rows:
     given either as it comes off the wire or already decoded by the engine client."""
     if not isinstance(raw, Logprobs) and isinstance(raw, list | tuple) and len(raw) >= 3:
         # Small per-step arrays: a memoryview cast is ~10x cheaper than numpy round trips.
-        parts = [_flat(a, aux) for a in raw[:3]]
-        if parts[0] is not None and parts[1] is not None and parts[2] is not None:
-            return _split(*parts[0]), _split(*parts[1]), parts[2][0]
+        fi, fl, fr = _flat(raw[0], aux), _flat(raw[1], aux), _flat(raw[2], aux)
+        if fi is not None and fl is not None and fr is not None:
+            if fi[1] == [1, len(fi[0])] and fl[1] == [1, len(fl[0])]:
+                return [fi[0]], [fl[0]], fr[0]  # one token this step: no row split
+            return _split(*fi), _split(*fl), fr[0]
     lp = raw if isinstance(raw, Logprobs) else decode_logprobs(raw, aux)
     ranks = lp.sampled_ranks.reshape(-1).tolist()
     return lp.token_ids.tolist(), lp.logprobs.tolist(), ranks
@@ -108,26 +110,34 @@ class ChoiceLogprobs:
         self._offset = 0  # completions text_offset: cumulative token-string lengths
 
     def chat(self, token_ids: Sequence[int], rows: Rows | None) -> list[ChatLogprobsContent]:
-        info = self._td.token_info
+        table = self._td.info_table
+        slow = self._td.token_info
         limit = self._num
         out = []
         for i, tid in enumerate(token_ids):
-            text, raw = info(tid)
+            info = table[tid] if 0 <= tid < len(table) else None
+            text, raw = info if info is not None else slow(tid)
             if rows is None or i >= len(rows[0]):
                 out.append(ChatLogprobsContent(text, FLOOR, raw, []))
                 continue
             ids, lps = rows[0][i], rows[1][i]
-            # Inlined _candidates: this loop runs k+1 times per token.
+            # Inlined _candidates (this loop runs k+1 times per token): the sampled token
+            # first, then the top-k without it, at most ``limit`` of them.
             top: list[ChatTopLogprob] = []
+            left = limit
             sampled = ids[0]
-            for col in range(len(ids)):
-                if len(top) == limit:
+            col = 0
+            for t in ids:
+                if not left:
                     break
-                t = ids[col]
                 if col and t == sampled:
+                    col += 1
                     continue
                 lp = lps[col]
-                ttext, traw = info(t)
+                col += 1
+                left -= 1
+                tinfo = table[t] if 0 <= t < len(table) else None
+                ttext, traw = tinfo if tinfo is not None else slow(t)
                 # NaN compares false, so it is clamped too.
                 top.append(ChatTopLogprob(ttext, lp if lp > FLOOR else FLOOR, traw))
             lp0 = lps[0]

@@ -251,7 +251,7 @@ class Pipeline:
                         pieces[-1] += tail
                     else:
                         pieces.append(tail)
-                text, match = stop.push(pieces)
+                text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
                 if match is not None:
                     if match.num_tokens_kept < len(ids):
                         ids = ids[: match.num_tokens_kept]
