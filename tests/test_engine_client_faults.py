@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
@@ -164,3 +165,32 @@ async def test_remove_and_re_add_engine_at_run_time(sims: list[EngineProc]) -> N
         assert state.adopted
         out = await (await client.submit(a.name, make_request(random_prompt(8), 3))).collect()
         assert len(tokens(out)) == 3
+
+
+async def test_garbage_and_pickles_on_the_output_socket_are_counted(
+    sims: list[EngineProc],
+) -> None:
+    a = sims[0]
+    async with EngineClient([a.spec], dead_after=60.0) as client:
+        await start(client, [a])
+        # Long enough (~2 s of steps) that the junk lands while the request still streams.
+        stream = await client.submit(a.name, make_request(random_prompt(16), 200))
+        await anext(stream)
+        ctx = zmq.asyncio.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.connect(a.spec.output_address)
+        try:
+            pickle_ext = msgspec.msgpack.encode(
+                [0, [["x", [1], msgspec.msgpack.Ext(1, b"cos\nsystem\n")]]]
+            )
+            for junk in (b"\xc1garbage", pickle_ext):
+                await push.send(junk)
+            rest = await asyncio.wait_for(stream.collect(), 30.0)
+        finally:
+            push.close(linger=0)
+            ctx.term()
+        assert rest[-1].finish_reason == FinishReason.LENGTH
+        assert len(tokens(rest)) == 199
+        state = client.engines[a.name]
+        assert state.counters.decode_errors == 2
+        assert state.status is EngineStatus.READY
