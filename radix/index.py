@@ -246,11 +246,12 @@ class PrefixIndex:
             self.stats.skipped_events += 1
             return 0
         dropped = 0
+        memo: dict[int, int] = {}
         for block_hash in block_hashes:
             key = eng.hashes.pop(_norm(block_hash), None)
             if key is None:
                 continue
-            self._clear_bit(key, eng)
+            self._clear_bit(key, eng, memo)
             self._optimistic.discard(key, eng.index)
             dropped += 1
         self.stats.removed_blocks += dropped
@@ -268,18 +269,25 @@ class PrefixIndex:
         return group_idx == eng.group
 
     def _clear(self, eng: _Engine) -> None:
+        memo: dict[int, int] = {}
         for key in eng.hashes.values():
-            self._clear_bit(key, eng)
+            self._clear_bit(key, eng, memo)
         eng.hashes.clear()
         self._optimistic.drop_engine(eng.index)
 
-    def _clear_bit(self, key: int, eng: _Engine) -> None:
+    def _clear_bit(self, key: int, eng: _Engine, memo: dict[int, int] | None = None) -> None:
+        """Drop one engine from a block; ``memo`` keeps blocks that shared a value sharing one."""
         value = self._nodes.get(key)
         if value is None:
             return
-        mask = (value >> SEQ_BITS) & ~eng.bit
-        if mask:
-            self._nodes[key] = (mask << SEQ_BITS) | (value & SEQ_MASK)
+        new = memo.get(value) if memo is not None else None
+        if new is None:
+            mask = (value >> SEQ_BITS) & ~eng.bit
+            new = (mask << SEQ_BITS) | (value & SEQ_MASK) if mask else 0
+            if memo is not None:
+                memo[value] = new
+        if new:
+            self._nodes[key] = new
         else:
             del self._nodes[key]
 
