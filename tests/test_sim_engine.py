@@ -232,11 +232,11 @@ def sim(ctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path) -> Iterator[Harness
 
 
 def test_handshake_ready_response(sim: Harness) -> None:
-    sim.start(max_model_len=256, max_num_seqs=7, max_num_batched_tokens=99)
+    sim.start(max_model_len=200, max_num_seqs=7, max_num_batched_tokens=99)
     fe = sim.fe
     assert fe.identity == b"\x00\x00"
     ready = msgspec.convert(fe.ready, wire.EngineReadyResponse)
-    assert (ready.block_size, ready.num_gpu_blocks, ready.max_model_len) == (BS, 64, 256)
+    assert (ready.block_size, ready.num_gpu_blocks, ready.max_model_len) == (BS, 64, 200)
     assert (ready.max_num_seqs, ready.max_num_batched_tokens) == (7, 99)
     assert ready.kv_cache_size_tokens == 64 * BS and ready.data_parallel_rank == 0
     assert ready.kv_events_config is not None
@@ -495,6 +495,15 @@ def test_eos_prob_ends_requests_with_the_request_eos(sim: Harness) -> None:
         assert toks[-1] == EOS and EOS not in toks[:-1] and len(toks) >= 3
 
 
+def test_max_model_len_is_fitted_to_the_cache(sim: Harness) -> None:
+    fe = sim.start(num_gpu_blocks=9, max_model_len=4096)  # 8 usable blocks of 4 tokens
+    assert fe.ready["max_model_len"] == 32
+    fe.add("a", list(range(1, 20)), max_tokens=100)
+    got, _ = fe.run("a")
+    assert len(fe.tokens(got["a"])) == 32 - 19
+    assert got["a"][-1].finish_reason == wire.FinishReason.LENGTH
+
+
 def test_max_model_len_finishes_with_length(sim: Harness) -> None:
     fe = sim.start(max_model_len=16)
     fe.add("a", list(range(1, 13)), max_tokens=100)
@@ -555,7 +564,7 @@ def test_prefill_time_scales_with_uncached_tokens(sim: Harness) -> None:
 
 def test_rejects_requests_it_cannot_serve(sim: Harness) -> None:
     fe = sim.start(max_model_len=32)
-    fe.add("long", list(range(1, 40)), max_tokens=1)
+    fe.add("long", list(range(1, 33)), max_tokens=1)  # == max_model_len: no room to generate
     fe.add("vocab", [1, 2, 5000], max_tokens=1)
     got, _ = fe.run("long", "vocab")
     for r in ("long", "vocab"):

@@ -174,6 +174,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.emitted: Counter[str] = Counter()
         self.max_tokens: dict[str, int] = {}
         self.finished: set[str] = set()
+        self.aborted: set[str] = set()
         self.n = 0
 
     @rule(tokens=st.lists(st.integers(1, 3), min_size=1, max_size=8), max_tokens=st.integers(1, 5))
@@ -183,9 +184,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         req = wire.EngineCoreRequest(
             rid, tokens, None, SamplingParams(max_tokens=max_tokens), None, 0.0, None, None, None
         )
-        if -(-(len(tokens) + 1) // BS) > self.sched.pool.num_usable:
-            return  # the engine rejects what can never fit
-        self.sched.add(SimRequest(req, self.n, 12), 0.0)
+        if len(tokens) >= self.sched.config.max_model_len:
+            return  # the engine rejects what leaves no room for an output token
+        self.sched.add(SimRequest(req, self.n, self.sched.config.max_model_len), 0.0)
         self.max_tokens[rid] = max_tokens
 
     @precondition(lambda self: hasattr(self, "sched") and self.sched.has_work())
@@ -207,6 +208,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.sched.requests)))
         self.sched.abort([rid])
         self.finished.add(rid)
+        self.aborted.add(rid)
 
     @rule(running=st.booleans())
     def reset(self, running: bool) -> None:
@@ -230,6 +232,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert r.blocks == [] and r.num_computed == 0
         for rid, n in self.emitted.items():
             assert n <= self.max_tokens[rid]
+
+    def teardown(self) -> None:
+        """Liveness: with no new input, every request finishes (no self-preemption loop)."""
+        if not hasattr(self, "sched"):
+            return
+        for _ in range(500):
+            if not self.sched.has_work():
+                break
+            self.step()
+        assert not self.sched.has_work() and not self.sched.requests
+        assert self.sched.pool.usage == 0.0
+        assert set(self.max_tokens) == self.finished
+        for rid, n in self.max_tokens.items():
+            if rid not in self.aborted:
+                # max_tokens, or cut short by max_model_len (the ids never hit a stop id here)
+                assert 1 <= self.emitted[rid] <= n
 
 
 TestScheduler = SchedulerMachine.TestCase

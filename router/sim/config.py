@@ -63,6 +63,13 @@ class SimConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
+        # One request of max_model_len must fit in the cache, or it would preempt itself forever;
+        # vLLM auto-fits max_model_len to the KV cache the same way (and reports the result).
+        capacity = (self.num_gpu_blocks - 1) * self.block_size
+        if self.max_model_len > capacity:
+            object.__setattr__(self, "max_model_len", capacity)
         if min(self.step_time, self.prefill_time_per_token, self.decode_time_per_seq) < 0:
             raise ValueError("step times must be >= 0")
         if not 0.0 <= self.eos_prob <= 1.0:

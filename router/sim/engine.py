@@ -281,13 +281,12 @@ class SimEngine:
             return "the sim engine needs a non-empty prompt_token_ids"
         if req.request_id in self.scheduler.requests:
             return f"request id {req.request_id!r} is already running"
-        if len(prompt) > cfg.max_model_len:
-            return f"prompt has {len(prompt)} tokens, more than max_model_len={cfg.max_model_len}"
+        if len(prompt) >= cfg.max_model_len:
+            # At least one output token must fit.
+            return f"prompt has {len(prompt)} tokens, max_model_len is {cfg.max_model_len}"
         vocab = cfg.tokens.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             return f"prompt token ids must lie in [0, {vocab})"
-        if -(-(len(prompt) + 1) // cfg.block_size) > cfg.num_gpu_blocks - 1:
-            return "prompt does not fit in the KV cache"
         if not 0 <= req.client_index < 1 << 16:
             return "bad client_index"
         return None
