@@ -306,6 +306,31 @@ async def part_cpu(n: int, max_tokens: int, concurrency: int) -> dict[str, float
             "tokens_per_s": tokens / wall}
 
 
+def plot(c: dict[str, dict[str, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(c)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.bar(names, [c[n]["hit_rate"] for n in names], color="#4c72b0")
+    ax1.set_ylabel("engine-measured prefix hit rate")
+    ax1.set_ylim(0, 1)
+    x = range(len(names))
+    ax2.bar([i - 0.2 for i in x], [c[n]["ttft_p50_ms"] for n in names], 0.4, label="p50")
+    ax2.bar([i + 0.2 for i in x], [c[n]["ttft_p99_ms"] for n in names], 0.4, label="p99")
+    ax2.set_xticks(list(x), names)
+    ax2.set_ylabel("TTFT (ms)")
+    ax2.legend()
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle("kvroute (c): multi-tenant shared prefixes on 8 simulated engines")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="b,c,cpu")
@@ -320,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-weight", type=float, default=PolicyConfig().load_weight)
     p.add_argument("--request-tokens", type=float, default=PolicyConfig().request_tokens)
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "router_cache.png")
+    p.add_argument("--from-json", type=Path, help="only re-plot (c) from a --json file")
     a = p.parse_args(argv)
+    if a.from_json:
+        plot(json.loads(a.from_json.read_text())["c"], a.plot)
+        return 0
     parts = set(a.parts.split(","))
     results: dict[str, Any] = {}
     if "b" in parts:
@@ -338,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results["c"].items():
             print(f"  {name:<18} {json.dumps({k: round(v, 3) for k, v in r.items()})}")
         c = results["c"]
+        plot(c, a.plot)
         if "oracle" not in c or "cache_aware" not in c:
             return 0
         ratio = c["cache_aware"]["hit_rate"] / max(c["oracle"]["hit_rate"], 1e-9)

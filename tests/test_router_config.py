@@ -1,0 +1,121 @@
+"""Router configuration (flags + TOML/JSON, frozen) and admission (slots, FIFO queue, 429/503)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from router.admission import Admission, Overloaded
+from router.config import ConfigError, from_mapping
+from router.main import parse
+
+TOML = """
+host = "0.0.0.0"
+port = 9000
+api_key = "k"
+
+[policy]
+name = "cache_aware"
+load_weight = 0.5
+cache_threshold = 0.3
+
+[limits]
+max_in_flight_per_engine = 8
+
+[[engines]]
+name = "a"
+handshake = "tcp://10.0.0.1:13345"
+kv_events = "tcp://10.0.0.1:5557"
+replay = "tcp://10.0.0.1:5558"
+
+[[engines]]
+handshake = "tcp://10.0.0.2:13345"
+"""
+
+
+def test_toml_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "router.toml"
+    path.write_text(TOML)
+    cfg = parse(["--config", str(path), "--port", "9100", "--policy", "round_robin"])
+    assert (cfg.host, cfg.port, cfg.api_key) == ("0.0.0.0", 9100, "k")
+    assert cfg.policy.name == "round_robin" and cfg.policy.load_weight == 0.5
+    assert cfg.limits.max_in_flight_per_engine == 8
+    assert [e.name for e in cfg.engines] == ["a", "engine-1"]
+    assert cfg.engines[0].replay == "tcp://10.0.0.1:5558"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.port = 1  # type: ignore[misc]
+
+
+def test_json_file_and_engine_flags(tmp_path: Path) -> None:
+    path = tmp_path / "router.json"
+    path.write_text('{"limits": {"max_queue": 3}}')
+    cfg = parse(["--config", str(path), "--engine",
+                 "x=tcp://h:1,kv=tcp://h:2,replay=tcp://h:3,block_size=128",
+                 "--engine", "ipc:///tmp/e.hs"])
+    assert cfg.limits.max_queue == 3
+    assert cfg.engines[0].name == "x" and cfg.engines[0].block_size == 128
+    assert cfg.engines[0].kv_events == "tcp://h:2"
+    assert cfg.engines[1].name == "engine-1" and cfg.engines[1].handshake == "ipc:///tmp/e.hs"
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"prot": 1}, "unknown key"),
+    ({"policy": {"name": "fastest"}}, "unknown policy"),
+    ({"engines": [{"name": "a", "handshake": "x"}, {"name": "a", "handshake": "y"}]},
+     "duplicate"),
+    ({"engines": [{"handshake": "x", "color": 1}]}, "engines[0]"),
+    ({"limits": {"max_queue": 1, "bogus": 2}}, "limits"),
+])
+def test_config_errors_name_the_key(data: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        from_mapping(data)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = [")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        parse(["--config", str(bad)])
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse(["--config", str(tmp_path / "missing.toml")])
+    with pytest.raises(ConfigError, match="options are"):
+        parse(["--engine", "a=tcp://h:1,color=red"])
+
+
+async def test_admission_queue_fifo_then_429_and_503() -> None:
+    adm = Admission(max_in_flight=1, max_queue=2, queue_timeout=5.0, retry_after=2)
+    engines = ["e"]
+
+    def has_open() -> bool:
+        return bool(adm.open_engines(engines))
+
+    await adm.wait_for_slot(has_open)
+    adm.take("e", 100)
+    assert adm.loads(engines, lambda e: (3, 1))[0].pending_prefill_tokens == 100
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await adm.wait_for_slot(has_open)
+        order.append(i)
+        adm.take("e", 0)
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(2)]
+    while adm.queued < 2:
+        await asyncio.sleep(0)  # let both reach the queue (no I/O involved)
+    with pytest.raises(Overloaded) as full:
+        await adm.wait_for_slot(has_open)
+    assert (full.value.status, full.value.retry_after) == (429, 2)
+    adm.prefilled("e", 100)
+    adm.release("e")
+    await asyncio.wait_for(tasks[0], 5)
+    adm.release("e")
+    await asyncio.wait_for(tasks[1], 5)
+    assert order == [0, 1]
+    short = Admission(max_in_flight=1, max_queue=2, queue_timeout=0.05, retry_after=1)
+    short.take("e", 0)
+    with pytest.raises(Overloaded) as timeout:
+        await short.wait_for_slot(lambda: bool(short.open_engines(engines)))
+    assert timeout.value.status == 503
