@@ -342,7 +342,7 @@ class EngineClient:
         eng.last_output = time.monotonic()
         eng.counters.messages += 1
         if eng.status is not EngineStatus.READY:
-            self._mark_ready(eng, adopted=eng.status is not EngineStatus.HANDSHAKING)
+            self._mark_ready(eng, adopted=eng.status is EngineStatus.CONNECTING)
         stats = outs.scheduler_stats
         if stats and stats != NIL:
             eng.set_raw_stats(stats)
@@ -397,7 +397,13 @@ class EngineClient:
                 if eng.handshake in events:
                     ident, payload = await eng.handshake.recv_multipart()
                     await self._on_handshake(eng, ident, payload)
-                if eng.status is EngineStatus.CONNECTING and (probe is None or probe.done()):
+                # Probe engines we have no live link to: one reconnecting after a router restart,
+                # or one declared dead that may only have hung.
+                idle = probe is None or probe.done()
+                lost = eng.status is EngineStatus.CONNECTING or (
+                    eng.status is EngineStatus.DEAD and eng.maybe_hung
+                )
+                if idle and lost:
                     probe = asyncio.create_task(self._probe(eng))
         finally:
             if probe is not None:
@@ -419,8 +425,8 @@ class EngineClient:
         with contextlib.suppress(EngineLinkError, TimeoutError):
             # One send attempt per probe interval: an absent engine costs ~nothing.
             await asyncio.wait_for(self._utility_call(eng, PROBE_METHOD, (), grace=0.0), 5.0)
-            if eng.status is EngineStatus.CONNECTING:
-                self._mark_ready(eng, adopted=True)
+            if eng.status is not EngineStatus.READY:
+                self._mark_ready(eng, adopted=eng.status is EngineStatus.CONNECTING)
 
     async def _on_handshake(self, eng: EngineState, ident: bytes, payload: bytes) -> None:
         try:
@@ -433,6 +439,7 @@ class EngineClient:
                 # A new engine process under this name: whatever the old one held is lost.
                 self._engine_died(eng, "the engine restarted (new handshake)")
             eng.status = EngineStatus.HANDSHAKING
+            eng.adopted = False
             eng.ready = None
             eng.ready_event.clear()
             meta = EngineHandshakeMetadata(
@@ -448,16 +455,17 @@ class EngineClient:
 
     def _mark_ready(self, eng: EngineState, *, adopted: bool) -> None:
         eng.status = EngineStatus.READY
-        eng.adopted = adopted
+        eng.adopted = adopted or eng.adopted
         eng.death_reason = None
         eng.last_output = time.monotonic()
         eng.counters.connects += 1
         eng.ready_event.set()
         eng.connect_event.set()
 
-    def _engine_died(self, eng: EngineState, reason: str) -> None:
+    def _engine_died(self, eng: EngineState, reason: str, *, maybe_hung: bool = False) -> None:
         eng.status = EngineStatus.DEAD
         eng.death_reason = reason
+        eng.maybe_hung = maybe_hung
         eng.ready_event.clear()
         eng.counters.deaths += 1
         self._fail_engine_requests(eng, EngineDeadError(f"engine {eng.spec.name!r}: {reason}"))
@@ -477,12 +485,17 @@ class EngineClient:
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
-            for eng in self.engines.values():
+            for eng in list(self.engines.values()):
                 busy = eng.in_flight or any(o is eng for o, _ in self._utility.values())
                 if (
                     busy
                     and eng.status is EngineStatus.READY
                     and now - eng.last_output > self.dead_after
                 ):
+                    orphans = list(eng.in_flight)
                     why = f"no output for {self.dead_after:g}s with work in flight"
-                    self._engine_died(eng, why)
+                    self._engine_died(eng, why, maybe_hung=True)
+                    # A hung engine may wake up: do not let it keep generating for nobody.
+                    if orphans:
+                        with contextlib.suppress(EngineLinkError):
+                            await self._send(eng, REQ_ABORT, self._encoder.encode(orphans), 0.0)

@@ -76,6 +76,8 @@ class EngineState:
         self.ready: EngineReadyResponse | None = None
         self.adopted = False
         self.death_reason: str | None = None
+        # Declared dead for silence only: it may wake up, so the client keeps probing it.
+        self.maybe_hung = False
         self.ready_event = asyncio.Event()
         self.connect_event = asyncio.Event()  # set on every (re)connect; waiters clear it
         self.in_flight: dict[str, RequestStream] = {}

@@ -72,6 +72,15 @@ class EngineProc:
             pass
         self.proc.wait(timeout=60)
 
+    def pause(self) -> None:
+        """SIGSTOP the engine's whole process group: a hung engine."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

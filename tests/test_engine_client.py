@@ -13,7 +13,7 @@ import pytest
 
 from radix import PrefixIndex
 from render.sampling import OUTPUT_DELTA, SamplingParams
-from router.engine_client import EngineClient, UtilityCallError
+from router.engine_client import EngineClient, EngineDeadError, EngineStatus, UtilityCallError
 from router.kv_subscriber import KVSubscriber, kv_namespace
 from router.ndarrays import Logprobs
 from router.wire import EngineCoreOutput, EngineCoreRequest, FinishReason
@@ -173,3 +173,25 @@ async def test_kv_events_and_prefix_hits(link: EngineClient, engine: EngineProc)
         while index.cleared.get(name, 0) == cleared:
             await sub.wait_applied(name, max(0.1, deadline - time.monotonic()))
         assert index.match(name, prompt, bs) == 0
+
+
+async def test_hung_engine_declared_dead_then_recovers(engine: EngineProc) -> None:
+    """Silence with work in flight means death; an engine that wakes up serves again."""
+    async with EngineClient([engine.spec], dead_after=2.0) as client:
+        await client.wait_ready(60.0)
+        state = client.engines[engine.name]
+        stream = await client.submit(engine.name, make_request(random_prompt(16), 400))
+        await anext(stream)
+        connects = state.counters.connects
+        engine.pause()
+        try:
+            with pytest.raises(EngineDeadError, match="no output"):
+                await asyncio.wait_for(stream.collect(), 30.0)
+            assert state.status is EngineStatus.DEAD
+        finally:
+            engine.resume()
+        # The client aborted the orphan and probes the engine; awake, it is ready again.
+        await client.wait_connects(engine.name, connects + 1, 30.0)
+        assert state.status is EngineStatus.READY
+        out = await (await client.submit(engine.name, make_request(random_prompt(8), 2))).collect()
+        assert len(tokens(out)) == 2
