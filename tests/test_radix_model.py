@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radix import Match, PrefixIndex, namespace_for, split_event_extra_keys
+from radix.stamps import SEQ_BITS, evict_oldest, renumber
 
 # ---- the naive model: paths of token tuples, engine sets, a touch counter; no hashing ----
 
@@ -252,7 +253,7 @@ class IndexVersusModel(RuleBasedStateMachine):
 
 
 IndexVersusModel.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None,
+    max_examples=200, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_index_equals_naive_model = IndexVersusModel.TestCase
@@ -381,3 +382,13 @@ def test_block_size_conflicts_and_bad_input() -> None:
     assert index.apply_stored("e", [1, 2], None, T[:7], None, 0.0) == 0  # ragged
     assert index.apply_stored("e", [1], None, [-1, 0, 0, 0], None, 0.0) == 0
     assert index.stats.skipped_events == 3 and len(index) == 0
+
+
+def test_stamp_overflow_renumbers_and_keeps_the_lru_order() -> None:
+    nodes = {10: (0b01 << SEQ_BITS) | 900, 11: (0b01 << SEQ_BITS) | 900,
+             12: (0b10 << SEQ_BITS) | 5, 13: (0b11 << SEQ_BITS) | 77}
+    assert renumber(nodes) == 3
+    assert nodes == {10: (0b01 << SEQ_BITS) | 3, 11: (0b01 << SEQ_BITS) | 3,
+                     12: (0b10 << SEQ_BITS) | 1, 13: (0b11 << SEQ_BITS) | 2}
+    assert nodes[10] is nodes[11]  # blocks that shared a value still share one
+    assert evict_oldest(nodes, keep=3) == 1 and 12 not in nodes
