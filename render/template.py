@@ -97,8 +97,28 @@ class _Namespace(jinja2.utils.Namespace):
             )
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with its attribute verdicts memoised.
+
+    Jinja's verdict for ``obj.attr`` depends only on ``type(obj)`` and ``attr`` (internal
+    attributes of functions/types/frames, mutating methods of lists/dicts/sets), so caching it
+    by that pair changes nothing but the cost: the check was ~40% of a template render.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = super().is_safe_attribute(obj, attr, value)
+        return verdict
+
+
 def make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
