@@ -36,6 +36,7 @@ class ClusterOptions:
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
+    render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
 
 
 class LocalCluster:
@@ -63,7 +64,7 @@ class LocalCluster:
             EngineSpec(n, self._address(n, "hs")) for n in self.names)
         model = self.options.model or RouterConfig().model
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
-                            model=model,
+                            model=model, render_url=self.options.render_url,
                             limits=self.options.limits, api_key=self.options.api_key,
                             log_json=False, log_level="WARNING")
 
