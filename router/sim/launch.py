@@ -15,7 +15,6 @@ Threads share the GIL with the caller: use processes for throughput benchmarks.
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import threading
@@ -77,10 +76,6 @@ def sim_engines(
     finally:
         for e in engines:
             e.stop()
-
-
-def with_overrides(config: SimConfig, **overrides: Any) -> SimConfig:
-    return dataclasses.replace(config, **overrides)
 
 
 def spawn_sim_engine(
