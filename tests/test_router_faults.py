@@ -196,3 +196,23 @@ def test_1000_concurrent_streams_complete(cluster: LocalCluster) -> None:
     counts = asyncio.run(run())
     assert len(counts) == 1000 and all(n >= 1 for n in counts)
     assert sum(e.num_in_flight for e in cluster.state.client.engines.values()) == 0
+
+
+def test_engine_joins_at_run_time() -> None:
+    with LocalCluster(ClusterOptions(engines=1, sim={"step_time": 0.002})) as c:
+        with httpx.Client(base_url=c.base_url, timeout=30) as http:
+            address = f"ipc://{c.dir}/late.hs"
+            r = http.post("/admin/engines", json={"name": "late", "handshake": address})
+            assert r.status_code == 200 and r.json()["handshake"] == address
+            again = http.post("/admin/engines", json={"name": "late", "handshake": address})
+            assert again.status_code == 400
+            c.names.append("late")
+            c.start_engine("late")  # the engine handshakes with the router's new socket
+            c.wait_ready(60, engines=2)
+            seen = set()
+            for i in range(12):
+                resp = http.post("/v1/completions", json={
+                    "model": MODEL, "prompt": f"spread {i} " * 8, "max_tokens": 2})
+                assert resp.status_code == 200
+                seen.add(resp.headers["x-kvroute-route"].split(";")[0])
+        assert "engine=late" in seen, seen
