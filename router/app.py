@@ -204,6 +204,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
         fleet = Fleet(client, kv, index, admission, cfg.engines)
+        metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
         dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
