@@ -21,6 +21,8 @@ from typing import Any
 import msgspec
 import tokenizers
 
+from render import fast_bpe
+
 # Pieces this long or longer are tokenized but not cached: one-off long documents would evict the
 # short, often repeated pieces (system prompts, tool schemas, earlier turns) that make it pay.
 _MAX_CACHED_PIECE = 1 << 20
@@ -86,6 +88,8 @@ class PieceCache:
         self._split_re = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._bytes = 0
+        # tiktoken, when it provably matches this tokenizer: ~6x cheaper on the misses.
+        self._fast = fast_bpe.build(tok) if self.unsafe is None else None
         self.hits = 0
         self.misses = 0
 
@@ -131,9 +135,13 @@ class PieceCache:
         fresh: dict[str, list[int]] = {}
         if missing:
             self.misses += len(missing)
-            encs = self._tok.encode_batch_fast(list(missing), add_special_tokens=False)
-            for piece, enc in zip(missing, encs, strict=True):
-                fresh[piece] = enc.ids
+            if self._fast is not None:
+                for piece, piece_ids in zip(missing, self._fast(list(missing)), strict=True):
+                    fresh[piece] = piece_ids
+            else:
+                encs = self._tok.encode_batch_fast(list(missing), add_special_tokens=False)
+                for piece, enc in zip(missing, encs, strict=True):
+                    fresh[piece] = enc.ids
         out: list[int] = []
         for p in parts:
             if type(p) is int:

@@ -255,6 +255,9 @@ def _hypercorn_config(cfg: ServerConfig) -> Any:
     hc.accesslog = "-" if cfg.access_log else None
     hc.errorlog = "-"
     hc.backlog = 1024
+    # Loading several big tokenizers (gpt-oss, Gemma: ~30 MB of JSON each) takes well over
+    # Hypercorn's default 60 s on a busy 2-core machine.
+    hc.startup_timeout = 900
     return hc
 
 
