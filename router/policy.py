@@ -135,7 +135,9 @@ class Policy:
             load, reason = self._least_loaded(sorted(pair, key=lambda x: x.engine)), "power_of_two"
         else:
             load, reason = self._rng.choice(ordered), "random"
-        self.index.note_routed(load.engine, tokens, namespace, now, self.config.optimistic_ttl)
+        if load.engine in cached:  # engines without a block size yet are not in the index
+            self.index.note_routed(load.engine, tokens, namespace, now,
+                                   self.config.optimistic_ttl)
         return Decision(load.engine, cached.get(load.engine, 0), reason)
 
     def _cache_aware(

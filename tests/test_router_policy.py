@@ -25,8 +25,9 @@ class _Match:
 class BlockIndex:
     """A naive prefix index at the PrefixMatcher seam: full blocks of tokens per engine."""
 
-    def __init__(self) -> None:
-        self.blocks: dict[str, set[tuple[Hashable, tuple[int, ...]]]] = {}
+    def __init__(self, engines: str = "abcdefgh") -> None:
+        # Like radix.PrefixIndex after add_engine: every known engine matches (maybe 0 tokens).
+        self.blocks: dict[str, set[tuple[Hashable, tuple[int, ...]]]] = {e: set() for e in engines}
         self.routed: list[str] = []
 
     def store(self, engine: str, tokens: Sequence[int], namespace: Hashable = None) -> None:
@@ -221,6 +222,12 @@ def test_sglang_cache_threshold() -> None:
     policy, index = _policy(cache_threshold=0.5)
     index.store("a", PROMPT)
     assert policy.choose(PROMPT, None, loads, 0.0) == Decision("a", 63, "prefix_hit")
+
+
+def test_engines_unknown_to_the_index_are_routed_but_not_noted() -> None:
+    policy, index = _policy()
+    d = policy.choose(PROMPT, None, [EngineLoad("zz")], 0.0)
+    assert (d.engine, d.cached_tokens) == ("zz", 0) and index.routed == []
 
 
 def test_errors() -> None:
