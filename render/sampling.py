@@ -17,8 +17,12 @@ OUTPUT_DELTA = 1
 OUTPUT_FINAL_ONLY = 2
 
 
-class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, gc=False):
-    """vLLM ``StructuredOutputsParams``: one of json, regex, choice, grammar, json_object, tag."""
+class StructuredOutputsParams(msgspec.Struct, gc=False):
+    """vLLM ``StructuredOutputsParams``: one of json, regex, choice, grammar, json_object, tag.
+
+    vLLM's is a dataclass, which msgspec encodes with EVERY field (its private ``_backend`` pair
+    included), so this one keeps defaults on the wire too: byte-equal to vLLM's encoding.
+    """
 
     json: str | dict[str, Any] | None = None
     regex: str | None = None
@@ -29,6 +33,8 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, gc=False):
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
+    _backend: str | None = None
+    _backend_was_auto: bool = False
 
 
 class RepetitionDetectionParams(msgspec.Struct, omit_defaults=True, gc=False):
