@@ -344,6 +344,17 @@ def test_optimistic_burst_lands_before_events_then_confirms() -> None:
     assert index.match(T, None, 3.0)["b"] == Match(0, 0)
 
 
+def test_removal_drops_an_optimistic_entry_on_an_evicted_block() -> None:
+    index = _index(("e", 4), cap=2)  # evicts down to 1
+    for h, start in ((1, 0), (2, 8), (3, 16)):
+        index.apply_stored("e", [h], None, T[start : start + 4], None, 0.0)
+    assert len(index) == 1  # block 1 (T[:4]) was evicted; the engine still names it hash 1
+    index.note_routed("e", T[:8], None, now=1.0, ttl=10.0)
+    assert index.match(T, None, 1.0)["e"] == Match(0, 8)
+    index.apply_removed("e", [1])
+    assert index.match(T, None, 1.0)["e"] == Match(0, 0)
+
+
 def test_lru_evicts_least_recently_matched() -> None:
     index = _index(("e", 4), cap=8)  # evicts down to 7
     index.apply_stored("e", [1, 2, 3, 4], None, T[:16], None, 0.0)
