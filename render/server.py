@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import msgspec
@@ -60,15 +60,15 @@ ROUTE_PATHS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class Codecs:
     """One typed decoder per request type and one encoder, built once per app."""
 
-    chat: msgspec.json.Decoder[ChatCompletionRequest] = msgspec.json.Decoder(ChatCompletionRequest)
-    completion: msgspec.json.Decoder[CompletionRequest] = msgspec.json.Decoder(CompletionRequest)
-    tokenize: msgspec.json.Decoder[TokenizeRequest] = msgspec.json.Decoder(TokenizeRequest)
-    detokenize: msgspec.json.Decoder[DetokenizeRequest] = msgspec.json.Decoder(DetokenizeRequest)
-    encoder: msgspec.json.Encoder = msgspec.json.Encoder()
+    def __init__(self) -> None:
+        self.chat = msgspec.json.Decoder(ChatCompletionRequest)
+        self.completion = msgspec.json.Decoder(CompletionRequest)
+        self.tokenize = msgspec.json.Decoder(TokenizeRequest)
+        self.detokenize = msgspec.json.Decoder(DetokenizeRequest)
+        self.encoder = msgspec.json.Encoder()
 
 
 class Models:
