@@ -136,7 +136,7 @@ def vllm_rs(family: str) -> Iterator[str]:
     port = free_port()
     cmd = [str(VLLM_RS), "render", str(family_dir(family)), "--served-model-name", family,
            "--host", "127.0.0.1", "--port", str(port)]
-    with foreign_server(cmd, r"starting engine-free Rust render server", 60, {}):
+    with foreign_server(cmd, r"starting engine-free Rust render server", 300, {}):
         yield f"http://127.0.0.1:{port}"
 
 
