@@ -47,7 +47,7 @@ def _run(td: TokenDecoder, ids: list[int], skip: bool, fast: bool) -> str:
 
 @pytest.mark.parametrize("fast", [True, False], ids=["byte-level", "DecodeStream"])
 def test_equals_full_decode(decoder: TokenDecoder, fast: bool) -> None:
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
     @given(ids=_id_lists(decoder), skip=st.booleans())
     def check(ids: list[int], skip: bool) -> None:
         assert _run(decoder, ids, skip, fast) == decoder.tokenizer.decode(
