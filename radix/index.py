@@ -210,7 +210,9 @@ class PrefixIndex:
         olds = list(map(hashes.get, hs))
         if olds.count(None) != n:
             for old, key in zip(olds, keys, strict=True):
-                if old is not None and old != key:  # a reused hash: it no longer names old
+                # A reused hash no longer names its old block (released before this event's
+                # blocks are held, so an old block the event names again stays held).
+                if old is not None and old != key:
                     self._clear_bit(old, eng)
         hashes.update(zip(hs, keys, strict=True))
         seq = self._tick()

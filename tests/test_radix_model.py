@@ -56,10 +56,13 @@ class Model:
         else:
             return
         paths = [base + tuple(blocks[: i + 1]) for i in range(len(blocks))]
+        # A hash the event gives to another block first releases its old block; then the event's
+        # blocks are held (so an old block the same event names again stays held).
         for h, path in zip(hashes, paths, strict=True):
             old = self.emap[engine].get(h)
             if old is not None and old != path:
                 self.drop(engine, old)
+        for h, path in zip(hashes, paths, strict=True):
             self.emap[engine][h] = path
             self.nodes.setdefault(path, set()).add(engine)
             self.opt.pop((engine, path), None)
@@ -342,6 +345,18 @@ def test_optimistic_burst_lands_before_events_then_confirms() -> None:
     assert index.match(T, None, 3.0)["b"] == Match(0, 8)
     index.apply_cleared("b")
     assert index.match(T, None, 3.0)["b"] == Match(0, 0)
+
+
+def test_a_reused_hash_releases_its_old_block_unless_the_event_names_it_again() -> None:
+    index = _index(("e", 4))
+    index.apply_stored("e", [7], None, T[:4], None, 0.0)
+    # Hash 7 now names block 1; block 0 is named again (hash 5) in the same event: still held.
+    index.apply_stored("e", [5, 7], None, T[:8], None, 0.0)
+    assert index.match(T, None, 0.0)["e"].confirmed_tokens == 8 and len(index) == 2
+    # Hash 5 goes to another chain: block 0 is no longer the engine's, nor block 1 reachable.
+    index.apply_stored("e", [5], None, T[20:24], None, 0.0)
+    assert index.match(T, None, 0.0)["e"].confirmed_tokens == 0
+    assert index.engine_blocks("e") == 2 and len(index) == 2
 
 
 def test_removal_drops_an_optimistic_entry_on_an_evicted_block() -> None:
