@@ -16,7 +16,7 @@ from router.cluster import ClusterOptions, LocalCluster
 MODEL = "Qwen/Qwen3-0.6B"
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
-                    st.floats(allow_nan=False), st.text(max_size=20))
+                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
 json_values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=12)
