@@ -159,6 +159,22 @@ def test_load_imbalance_spills_to_other_engines(client: Any, model: str) -> None
     assert Counter(r for _, r in routes)["reason=spill"] >= 1
 
 
+def test_tools_are_rendered_into_the_prompt(cluster: LocalCluster, client: Any,
+                                            model: str) -> None:
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = _messages("Weather in Paris?")
+    plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=2)
+    with_tools = client.chat.completions.create(model=model, messages=msgs, max_tokens=2,
+                                                tools=tools)
+    with httpx.Client(base_url=cluster.base_url) as http:
+        rendered = http.post("/v1/chat/completions/render", json={
+            "model": model, "messages": msgs, "tools": tools}).json()
+    assert with_tools.usage.prompt_tokens == len(rendered["token_ids"])
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 20
+
+
 def test_models_tokenize_health_ready_metrics(cluster: LocalCluster, client: Any,
                                               model: str) -> None:
     assert [m.id for m in client.models.list().data] == [model]
