@@ -4,7 +4,10 @@ Each row of the engine's arrays is one generated token: column 0 the sampled tok
 candidates in rank order. Like vLLM's ``append_logprobs_for_next_position`` the candidates of a
 position are the sampled token first and then the top-k without it (a dict in vLLM); chat takes
 the first ``top_logprobs`` of them, completions ``logprobs + 1``, generate ``max(k, 1)``.
-Logprobs are clamped to -9999.0 (NaN too), as vLLM does for JSON.
+Logprobs are clamped to -9999.0 (NaN too), as vLLM does for JSON. Token strings follow vLLM
+(a token that is part of a multi-byte character shows "" until the token completing it, which
+shows the character); ``bytes`` are the token's own raw bytes, so they concatenate to the exact
+UTF-8 of the text.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from router.openai_types import (
 )
 
 FLOOR = -9999.0
+# Preceding sampled tokens tried when a token is part of a UTF-8 character (4 bytes at most).
+_CONTEXT = 4
 
 
 def clamp(lp: float) -> float:
@@ -102,23 +107,64 @@ def _candidates(ids: list[int], lps: list[float], limit: int) -> list[tuple[int,
 class ChoiceLogprobs:
     """Per output sequence: formats each engine batch's logprobs for one response kind."""
 
-    __slots__ = ("_td", "_num", "_offset")
+    __slots__ = ("_td", "_num", "_offset", "_ctx")
 
     def __init__(self, decoder: TokenDecoder, num: int):
         self._td = decoder
         self._num = num  # the requested number of top candidates (-1: all)
         self._offset = 0  # completions text_offset: cumulative token-string lengths
+        self._ctx: list[int] = []  # the last sampled ids: context for split characters
+
+    def _sampled(self, tid: int) -> None:
+        ctx = self._ctx
+        ctx.append(tid)
+        if len(ctx) > _CONTEXT:
+            del ctx[0]
+
+    def _fix(self, tid: int, text: str) -> str:
+        """vLLM's ``_correct_decoded_token``: a token that alone decodes to a trailing U+FFFD
+        (part of a UTF-8 character) shows the character it completes after the preceding
+        sampled tokens, or "" while still incomplete. Token strings then add up to the text."""
+        if not text or text[-1] != "\ufffd":
+            return text
+        ctx = self._ctx
+        dec = self._td.tokenizer.decode
+        for n in range(1, len(ctx) + 1):
+            context = ctx[-n:]
+            full = dec([*context, tid], skip_special_tokens=False)
+            if full.endswith("\ufffd"):
+                continue
+            # Context tokens that were themselves partial contributed no text of their own:
+            # their bytes belong to the character this token completes.
+            clean = len(context)
+            while clean and dec([context[clean - 1]], skip_special_tokens=False).endswith(
+                    "\ufffd"):
+                clean -= 1
+            prefix = dec(context[:clean], skip_special_tokens=False) if clean else ""
+            if full.startswith(prefix):
+                return full[len(prefix):]
+            common = 0
+            for a, b in zip(prefix, full, strict=False):
+                if a != b:
+                    break
+                common += 1
+            return full[common:]
+        return ""
 
     def chat(self, token_ids: Sequence[int], rows: Rows | None) -> list[ChatLogprobsContent]:
         table = self._td.info_table
         slow = self._td.token_info
         limit = self._num
+        ctx = self._ctx
         out = []
         for i, tid in enumerate(token_ids):
             info = table[tid] if 0 <= tid < len(table) else None
             text, raw = info if info is not None else slow(tid)
+            if text[-1:] == "\ufffd":
+                text = self._fix(tid, text)
             if rows is None or i >= len(rows[0]):
                 out.append(ChatLogprobsContent(text, FLOOR, raw, []))
+                self._sampled(tid)
                 continue
             ids, lps = rows[0][i], rows[1][i]
             # Inlined _candidates (this loop runs k+1 times per token): the sampled token
@@ -139,28 +185,36 @@ class ChoiceLogprobs:
                 tinfo = table[t] if 0 <= t < len(table) else None
                 ttext, traw = tinfo if tinfo is not None else slow(t)
                 # NaN compares false, so it is clamped too.
+                if ttext[-1:] == "\ufffd":
+                    ttext = self._fix(t, ttext)
                 top.append(ChatTopLogprob(ttext, lp if lp > FLOOR else FLOOR, traw))
             lp0 = lps[0]
             out.append(ChatLogprobsContent(text, lp0 if lp0 > FLOOR else FLOOR, raw, top))
+            ctx.append(tid)
+            if len(ctx) > _CONTEXT:
+                del ctx[0]
         return out
 
     def completion(self, token_ids: Sequence[int], rows: Rows | None) -> CompletionLogprobs:
         text = self._td.token_text
         res = CompletionLogprobs([], [], [], [])
         limit = -1 if self._num < 0 else self._num + 1
+        fix = self._fix
         for i, tid in enumerate(token_ids):
-            tok = text(tid)
+            tok = fix(tid, text(tid))
             res.tokens.append(tok)
             res.text_offset.append(self._offset)
             self._offset += len(tok)
             if rows is None or i >= len(rows[0]):
                 res.token_logprobs.append(None)
                 res.top_logprobs.append(None)
+                self._sampled(tid)
                 continue
             ids, lps = rows[0][i], rows[1][i]
             res.token_logprobs.append(clamp(lps[0]))
             top = _candidates(ids, lps, limit)
-            res.top_logprobs.append({text(t): clamp(lp) for t, lp, _ in top})
+            res.top_logprobs.append({fix(t, text(t)): clamp(lp) for t, lp, _ in top})
+            self._sampled(tid)
         return res
 
     def generate(

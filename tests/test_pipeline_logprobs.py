@@ -118,3 +118,29 @@ def test_logprobs_trimmed_with_tokens_after_a_stop_string(decoder: TokenDecoder)
     assert "".join(kept) == "alpha STOP"
     assert all(e.top_logprobs == [] for e in c.logprobs.content)  # top_logprobs=0
     assert p.usage().completion_tokens == len(kept)
+
+
+def test_split_character_tokens_read_like_vllm(decoder: TokenDecoder) -> None:
+    size = decoder.tokenizer.get_vocab_size(with_added_tokens=True)
+    byte_tok = {decoder.token_bytes(i): i for i in range(size) if len(decoder.token_bytes(i)) == 1}
+    hi = decoder.tokenizer.encode("Hi").ids
+    ids = hi + [byte_tok[bytes([b])] for b in "日".encode()] + decoder.tokenizer.encode("!").ids
+    out = _output(ids, [[t] for t in ids], [[-0.5, -0.5]] * len(ids), [1] * len(ids))
+    chunk, _ = Pipeline(_spec(CHAT, 1), decoder).feed(0, _wire([out])[0])
+    assert isinstance(chunk, ChatCompletionChunk) and chunk.choices[0].delta.content == "Hi日!"
+    lp = chunk.choices[0].logprobs
+    assert lp is not None and lp.content is not None
+    # As vLLM shows them: "" for the leading bytes, the character on the byte completing it;
+    # the raw bytes still concatenate to the exact UTF-8.
+    assert [e.token for e in lp.content] == ["Hi", "", "", "日", "!"]
+    assert b"".join(bytes(e.bytes or []) for e in lp.content) == "Hi日!".encode()
+    assert lp.content[3].top_logprobs[0].token == "日"
+    comp, _ = Pipeline(_spec(COMPLETION, 0), decoder).feed(0, _wire([_output(
+        ids, [[t] for t in ids], [[-0.5, -0.5]] * len(ids), [1] * len(ids))])[0])
+    assert isinstance(comp, Completion)
+    clp = comp.choices[0].logprobs
+    assert clp is not None
+    text = comp.choices[0].text
+    assert "".join(clp.tokens) == text
+    # text_offset now points at each token's text in the output.
+    assert all(text[o:].startswith(t) for o, t in zip(clp.text_offset, clp.tokens, strict=True))
