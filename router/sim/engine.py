@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import msgspec
+import numpy as np
 import zmq
 
 from router.ndarrays import Buffer, encode_ndarray
@@ -65,8 +66,6 @@ class OutputEncoder:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._hook)
 
     def _hook(self, obj: Any) -> Any:
-        import numpy as np
-
         if isinstance(obj, np.ndarray) and self._aux is not None:
             return encode_ndarray(obj, self._aux)
         return enc_hook(obj)
