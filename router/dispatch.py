@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from render.errors import BadRequestError
 from render.sampling import SamplingParams
 from router.admission import Admission, Overloaded
 from router.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
@@ -121,6 +122,13 @@ class Dispatcher:
                 for child in children:
                     streams.append(await self.client.submit(engine, child))
                 first = list(await asyncio.gather(*(anext(s) for s in streams)))
+            except ValueError as exc:  # the engine client refused a duplicate request id
+                with contextlib.suppress(EngineLinkError):
+                    await self.client.abort([s.request_id for s in streams])
+                for _ in children:
+                    self.admission.prefilled(engine, uncached // n)
+                    self.admission.release(engine)
+                raise BadRequestError(str(exc), "request_id") from exc
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))

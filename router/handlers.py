@@ -56,6 +56,9 @@ def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpe
 async def _open(request: Request, gen: GenerateRequest, spec: PipelineSpec, stream: bool,
                 decoder: Any) -> EngineResponse:
     st = request.state
+    if gen.request_id in st.active:
+        raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
+                              "request_id")
     routed = await st.dispatcher.open(
         gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
         priority=gen.priority)

@@ -175,6 +175,20 @@ def test_tools_are_rendered_into_the_prompt(cluster: LocalCluster, client: Any,
     assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 20
 
 
+def test_duplicate_request_ids_in_flight_are_a_4xx(cluster: LocalCluster) -> None:
+    body = {"request_id": "same-id", "token_ids": list(range(1000, 1100)),
+            "sampling_params": {"max_tokens": 400, "ignore_eos": True}}
+
+    def post(_: int) -> int:
+        with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
+            return http.post("/inference/v1/generate", json=body).status_code
+
+    with ThreadPoolExecutor(3) as pool:
+        codes = sorted(pool.map(post, range(3)))
+    # ~0.8 s of engine time each at 2 ms a step: they overlap, and only one may run.
+    assert codes.count(400) >= 1 and set(codes) <= {200, 400}, codes
+
+
 def test_models_tokenize_health_ready_metrics(cluster: LocalCluster, client: Any,
                                               model: str) -> None:
     assert [m.id for m in client.models.list().data] == [model]
