@@ -22,8 +22,17 @@ def qwen3_tokenizer() -> tokenizers.Tokenizer:
     return qwen3().tokenizer
 
 
-def cache_for(max_bytes: int = 64 << 20) -> PieceCache:
+@cache
+def _caches(max_bytes: int) -> PieceCache:
     return PieceCache(qwen3_tokenizer(), max_bytes, qwen3().files.tokenizer_spec)
+
+
+def cache_for(max_bytes: int = 64 << 20) -> PieceCache:
+    """An emptied cache (built once per budget: building one compiles the fast BPE encoder)."""
+    pc = _caches(max_bytes)
+    pc.clear()
+    pc.hits = pc.misses = 0
+    return pc
 
 
 ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|endoftext|>", "<tool_call>"]
