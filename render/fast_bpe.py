@@ -71,18 +71,20 @@ def build(tok: tokenizers.Tokenizer) -> Callable[[Sequence[str]], list[list[int]
         import tiktoken
     except ImportError:
         return None
-    spec = json.loads(tok.to_str())
-    model = spec.get("model") or {}
-    if model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback") or \
-            model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or \
-            model.get("ignore_merges"):
+    # Cheap checks on the live objects first: the full JSON (vocab, merges) is parsed only for
+    # tokenizers that can qualify.
+    bpe = tok.model
+    if not isinstance(bpe, tokenizers.models.BPE) or bpe.dropout or bpe.byte_fallback or \
+            bpe.continuing_subword_prefix or bpe.end_of_word_suffix or bpe.ignore_merges:
         return None
-    normalizer = spec.get("normalizer")
+    normalizer = json.loads(tok.normalizer.__getstate__()) if tok.normalizer else None
     if normalizer is not None and normalizer.get("type") != "NFC":
         return None
-    pattern = _split_pattern(spec.get("pre_tokenizer"))
+    pre = json.loads(tok.pre_tokenizer.__getstate__()) if tok.pre_tokenizer else None
+    pattern = _split_pattern(pre)
     if pattern is None:
         return None
+    model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges", [])]
     last = -1

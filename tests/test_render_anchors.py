@@ -149,7 +149,7 @@ def kvroute() -> Iterator[str]:
     args = ["--model", str(family_dir(first)), "--served-model-name", first]
     for f in rest:
         args += ["--add-model", f"{family_dir(f)},served_model_name={f}"]
-    with render_server(*args, timeout=120) as url:
+    with render_server(*args, timeout=900) as url:
         yield url
 
 
