@@ -225,6 +225,8 @@ class Renderer:
         if self._harmony is not None:
             ids = self._harmony.render(req)
         elif self._mistral is not None:
+            if req.chat_template is not None:
+                self._template_for(req)  # vLLM still refuses an untrusted request template here
             ids = self._mistral.render(req)
         else:
             ids = self.encode(self.chat_prompt(req), req.add_special_tokens)
