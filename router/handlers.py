@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest
+from render.sampling import SamplingParams
 from render.server import json_response, read_body, run_render
 from router.config import EngineSpec
 from router.pipeline import CHAT, COMPLETION, GENERATE, PipelineSpec
@@ -121,6 +122,7 @@ async def generate(request: Request) -> Any:
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
     if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
         raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
+    check_sampling(gen.sampling_params)
     if len(gen.token_ids) >= renderer.max_model_len:
         raise BadRequestError(
             f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
@@ -132,6 +134,28 @@ async def generate(request: Request) -> Any:
                        st.decoders[renderer.served_model_name])
     resp.arrival = arrival
     return resp
+
+
+def check_sampling(sp: SamplingParams) -> None:
+    """vLLM's SamplingParams._verify_args essentials: token-in requests skip render's mapping."""
+    checks = (
+        (1 <= sp.n <= 1024, "n must be within [1, 1024]", "n"),
+        (sp.max_tokens is None or sp.max_tokens >= 1, "max_tokens must be at least 1",
+         "max_tokens"),
+        (0 <= sp.min_tokens <= (sp.max_tokens if sp.max_tokens is not None else sp.min_tokens),
+         "min_tokens must be within [0, max_tokens]", "min_tokens"),
+        (sp.temperature >= 0, "temperature must be non-negative", "temperature"),
+        (0 < sp.top_p <= 1, "top_p must be in (0, 1]", "top_p"),
+        (sp.top_k >= -1, "top_k must be -1 (disable) or at least 1", "top_k"),
+        (0 <= sp.min_p <= 1, "min_p must be in [0, 1]", "min_p"),
+        (sp.logprobs is None or sp.logprobs >= -1, "logprobs must be non-negative or -1",
+         "logprobs"),
+        (sp.prompt_logprobs is None or sp.prompt_logprobs >= -1,
+         "prompt_logprobs must be non-negative or -1", "prompt_logprobs"),
+    )
+    for ok, message, param in checks:
+        if not ok:
+            raise BadRequestError(message, f"sampling_params.{param}")
 
 
 async def abort_requests(request: Request) -> Response:

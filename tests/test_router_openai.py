@@ -216,6 +216,10 @@ def test_bad_inputs_are_openai_4xx(cluster: LocalCluster, model: str) -> None:
                                                       "sampling_params": {}}),
             http.post("/inference/v1/generate", json={"token_ids": [1],
                                                       "sampling_params": {"n": "x"}}),
+            http.post("/inference/v1/generate", json={"request_id": "", "token_ids": [0],
+                                                      "sampling_params": {"n": 0}}),
+            http.post("/inference/v1/generate", json={"request_id": "t", "token_ids": [5],
+                                                      "sampling_params": {"top_p": 0}}),
             http.post("/inference/v1/abort_requests", json={"ids": []}),
         ]
     for r in cases:
