@@ -239,13 +239,29 @@ class Renderer:
         ids = self.chat_token_ids(req)
         if not ids:
             raise BadRequestError("No token_ids rendered")
+        offsets = None
+        if req.return_token_offsets and self._harmony is None and self._mistral is None:
+            offsets = self._offsets(self.chat_prompt(req), req, ids)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
         return self._generate(
-            req, ids, requested, param, f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
+            req, ids, requested, param, f"chatcmpl-{req.request_id or uuid.uuid4().hex}", offsets
         )
+
+    def _offsets(
+        self, text: str, req: ChatCompletionRequest | CompletionRequest, ids: list[int]
+    ) -> list[tuple[int, int]]:
+        """Char (start, end) per token of ``text``, as vLLM's ``return_token_offsets`` gives."""
+        enc = self.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+        offsets = [(int(a), int(b)) for a, b in enc.offsets]
+        kept = self._truncate(enc.ids, req.truncate_prompt_tokens, req.truncation_side)
+        assert kept == ids, "offsets tokenization disagrees with the rendered ids"
+        n = len(kept)
+        if len(offsets) == n:
+            return offsets
+        return offsets[:n] if req.truncation_side == "right" else offsets[len(offsets) - n :]
 
     # -- completions --------------------------------------------------------------------------
 
@@ -283,11 +299,22 @@ class Renderer:
         all_ids = self.completion_token_ids(req)
         base = f"cmpl-{req.request_id or uuid.uuid4().hex}"
         out = []
+        texts: list[str | None] = (
+            [req.prompt]
+            if isinstance(req.prompt, str)
+            else [p if isinstance(p, str) else None for p in req.prompt]
+        )
+        if len(texts) != len(all_ids):  # one prompt of token ids
+            texts = [None] * len(all_ids)
         for i, ids in enumerate(all_ids):
             if not ids:
                 raise BadRequestError("No token_ids rendered", "prompt")
             rid = base if len(all_ids) == 1 else f"{base}-{i}"
-            out.append(self._generate(req, ids, req.max_tokens, "max_tokens", rid))
+            text = texts[i]
+            offsets = None
+            if req.return_token_offsets and text is not None and self._mistral is None:
+                offsets = self._offsets(text, req, ids)
+            out.append(self._generate(req, ids, req.max_tokens, "max_tokens", rid, offsets))
         return out
 
     # -- tokenize / detokenize ----------------------------------------------------------------
@@ -345,6 +372,7 @@ class Renderer:
         requested: int | None,
         param: str,
         request_id: str,
+        offsets: list[tuple[int, int]] | None = None,
     ) -> GenerateRequest:
         if len(ids) > self.max_model_len:
             raise ContextLengthError(
@@ -372,6 +400,7 @@ class Renderer:
         return GenerateRequest(
             request_id=request_id,
             token_ids=ids,
+            token_offsets=offsets,
             sampling_params=params,
             model=req.model,
             stream=bool(req.stream),

@@ -9,7 +9,12 @@ import pytest
 
 from render import Renderer
 from render.errors import RenderError
-from render.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
+from render.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 
 @cache
@@ -43,3 +48,29 @@ def test_detokenize_round_trip_and_empty_request_error() -> None:
     assert r.detokenize(DetokenizeRequest(tokens=ids)).prompt == "Grüße, 世界 🌍 <|im_start|>"
     with pytest.raises(RenderError):
         r.tokenize(TokenizeRequest())
+
+
+def test_token_offsets_map_tokens_back_to_the_prompt_text() -> None:
+    r = qwen3()
+    body = {
+        "messages": [{"role": "user", "content": "héllo 世界 🌍"}],
+        "return_token_offsets": True,
+    }
+    g = r.render_chat(msgspec.convert(body, ChatCompletionRequest))
+    text = r.chat_prompt(msgspec.convert(body, ChatCompletionRequest))
+    assert g.token_offsets is not None and len(g.token_offsets) == len(g.token_ids)
+    # Tokens that split one character (the emoji's bytes) share that character's span.
+    assert "".join(text[a:b] for a, b in dict.fromkeys(g.token_offsets)) == text
+    assert g.token_offsets == [
+        tuple(o) for o in r.tokenizer.encode(text, add_special_tokens=False).offsets
+    ]
+    plain = r.render_chat(msgspec.convert({"messages": body["messages"]}, ChatCompletionRequest))
+    assert plain.token_offsets is None and plain.token_ids == g.token_ids
+    [c] = r.render_completion(
+        msgspec.convert(
+            {"prompt": "a b c d e", "return_token_offsets": True, "truncate_prompt_tokens": 2},
+            CompletionRequest,
+        )
+    )
+    assert c.token_offsets is not None and len(c.token_offsets) == len(c.token_ids) == 2
+    assert c.token_offsets == [(5, 7), (7, 9)]  # the last two tokens, " d" and " e"
