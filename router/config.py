@@ -31,6 +31,9 @@ class EngineSpec:
     # kernel-chosen ports). Fix them to re-adopt running engines after a router restart.
     input: str | None = None
     output: str | None = None
+    # The host the engine is told to dial when those sockets bind a wildcard (a Service name in
+    # Kubernetes); default loopback.
+    advertise_host: str | None = None
     # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
     block_size: int | None = None
 

@@ -29,6 +29,8 @@ class EngineSpec(msgspec.Struct, frozen=True):
     input_address: str
     output_address: str
     dp_rank: int = 0
+    # The host engines dial when the sockets bind a wildcard (a Service name in Kubernetes).
+    advertise_host: str | None = None
 
 
 class EngineStatus(enum.Enum):
@@ -48,10 +50,11 @@ class LinkCounters(msgspec.Struct):
     deaths: int = 0
 
 
-def _endpoint(sock: zmq.asyncio.Socket) -> str:
+def _endpoint(sock: zmq.asyncio.Socket, advertise_host: str | None = None) -> str:
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    # A wildcard bind cannot be dialled; engines on this host reach it on loopback.
-    return endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+    # A wildcard bind cannot be dialled: engines reach it at the advertised host, else loopback.
+    v4, v6 = (advertise_host, advertise_host) if advertise_host else ("127.0.0.1", "[::1]")
+    return endpoint.replace("//0.0.0.0:", f"//{v4}:").replace("//[::]:", f"//{v6}:")
 
 
 class EngineState:
@@ -68,9 +71,9 @@ class EngineState:
         self.handshake = handshake
         self.input = input_socket
         self.output = output_socket
-        self.handshake_endpoint = _endpoint(handshake)
-        self.input_endpoint = _endpoint(input_socket)
-        self.output_endpoint = _endpoint(output_socket)
+        self.handshake_endpoint = _endpoint(handshake, spec.advertise_host)
+        self.input_endpoint = _endpoint(input_socket, spec.advertise_host)
+        self.output_endpoint = _endpoint(output_socket, spec.advertise_host)
         self.identity = spec.dp_rank.to_bytes(2, "little")
         self.status = EngineStatus.CONNECTING
         self.ready: EngineReadyResponse | None = None

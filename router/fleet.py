@@ -24,7 +24,8 @@ def link_spec(spec: EngineSpec) -> LinkSpec:
     else:
         host = address.rsplit(":", 1)[0]
         inp, out = f"{host}:0", f"{host}:0"
-    return LinkSpec(spec.name, address, spec.input or inp, spec.output or out)
+    return LinkSpec(spec.name, address, spec.input or inp, spec.output or out,
+                    advertise_host=spec.advertise_host)
 
 
 def _host(address: str) -> str:

@@ -23,7 +23,7 @@ app.kubernetes.io/component: {{ .component }}
 - --served-model-name
 - {{ .Values.model.servedModelName | quote }}
 - --max-model-len
-- {{ .Values.model.maxModelLen | quote }}
+- {{ .Values.model.maxModelLen | int | quote }}
 {{- end -}}
 
 {{- define "kvroute.modelVolume" -}}

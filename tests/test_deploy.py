@@ -1,0 +1,100 @@
+"""The Helm chart renders, and what it renders is accepted by kvroute's own parsers and routes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from render.http_config import parse_args as parse_render_args
+from router.fleet import link_spec
+from router.main import parse as parse_router_args
+
+pytestmark = pytest.mark.deploy
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "deploy" / "helm" / "kvroute"
+CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
+HELM = CACHE / "helm" / "helm" / "helm"
+
+
+def helm(*args: str) -> str:
+    if not HELM.exists():
+        pytest.fail(f"{HELM} missing: run scripts/helm.sh (./dev test does)")
+    done = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def render(*sets: str) -> dict[tuple[str, str], dict[str, Any]]:
+    flags = [x for s in sets for x in ("--set", s)]
+    out = helm("template", "rel", str(CHART), *flags)
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def container(objs: dict[tuple[str, str], dict[str, Any]], kind: str, name: str) -> Any:
+    return objs[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_chart_lints() -> None:
+    assert "0 chart(s) failed" in helm("lint", str(CHART))
+
+
+def test_router_config_and_args_are_kvroute_s_own(tmp_path: Path) -> None:
+    objs = render("engine.replicas=3", "router.spareEngineSlots=2", "router.apiKeySecret=k")
+    toml_text = objs[("ConfigMap", "rel-kvroute-router")]["data"]["router.toml"]
+    (tmp_path / "router.toml").write_text(toml_text)
+    args = container(objs, "Deployment", "rel-kvroute-router")["args"]
+    assert args[:2] == ["kvroute", "router"]
+    argv = [str(tmp_path / "router.toml") if a == "/etc/kvroute/router.toml" else a
+            for a in args[2:]]
+    argv = ["secret" if a == "$(KVROUTE_API_KEY)" else a for a in argv]
+    cfg = parse_router_args(argv)
+    assert cfg.api_key == "secret" and cfg.port == 8000 and cfg.host == "0.0.0.0"
+    assert [e.name for e in cfg.engines] == [f"engine-{i}" for i in range(5)]
+    spec = link_spec(cfg.engines[1])
+    # Engines dial the handshake Service; the router binds wildcards on fixed ports.
+    assert spec.advertise_host == "rel-kvroute-router-handshake"
+    assert (spec.handshake_address, spec.input_address, spec.output_address) == (
+        "tcp://0.0.0.0:29501", "tcp://0.0.0.0:30501", "tcp://0.0.0.0:31501")
+    assert cfg.engines[1].kv_events == "tcp://rel-kvroute-engine-1.rel-kvroute-engine:5557"
+    # Every port an engine dials is published by the handshake Service.
+    svc_ports = {p["port"] for p in objs[("Service", "rel-kvroute-router-handshake")]["spec"]["ports"]}
+    for e in cfg.engines:
+        for address in (e.handshake, e.input, e.output):
+            assert address is not None and int(address.rsplit(":", 1)[1]) in svc_ports
+
+
+def test_engine_dials_its_own_handshake_port() -> None:
+    objs = render()
+    engine = container(objs, "StatefulSet", "rel-kvroute-engine")
+    script = engine["args"][0]
+    assert '--data-parallel-rpc-port "$(( 29500 + ordinal ))"' in script
+    assert "--headless" in script and '"enable_kv_cache_events": true' in script
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert env["ROUTER_HOST"] == "rel-kvroute-router-handshake"
+
+
+def test_probes_hit_real_routes() -> None:
+    from router.app import PROBES
+
+    objs = render()
+    router = container(objs, "Deployment", "rel-kvroute-router")
+    assert router["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert router["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert {"/ready", "/health"} <= PROBES
+    render_c = container(objs, "Deployment", "rel-kvroute-render")
+    assert render_c["livenessProbe"]["httpGet"]["path"] == "/health"
+    cfg = parse_render_args(render_c["args"][2:])
+    assert cfg.port == 8100 and cfg.workers == 2
+    # The router drains within the pod's grace period.
+    grace = objs[("Deployment", "rel-kvroute-router")]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    toml = tomllib.loads(objs[("ConfigMap", "rel-kvroute-router")]["data"]["router.toml"])
+    assert grace > toml["limits"]["drain_timeout"]
