@@ -65,7 +65,8 @@ def test_router_config_and_args_are_kvroute_s_own(tmp_path: Path) -> None:
         "tcp://0.0.0.0:29501", "tcp://0.0.0.0:30501", "tcp://0.0.0.0:31501")
     assert cfg.engines[1].kv_events == "tcp://rel-kvroute-engine-1.rel-kvroute-engine:5557"
     # Every port an engine dials is published by the handshake Service.
-    svc_ports = {p["port"] for p in objs[("Service", "rel-kvroute-router-handshake")]["spec"]["ports"]}
+    handshake_svc = objs[("Service", "rel-kvroute-router-handshake")]
+    svc_ports = {p["port"] for p in handshake_svc["spec"]["ports"]}
     for e in cfg.engines:
         for address in (e.handshake, e.input, e.output):
             assert address is not None and int(address.rsplit(":", 1)[1]) in svc_ports
