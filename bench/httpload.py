@@ -157,6 +157,10 @@ def run_in_process(
         import os
 
         os.sched_setaffinity(proc.pid, cpus)
+    # The child may die before reporting (e.g. it cannot import __main__): never wait forever.
+    while not parent.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"load process exited with {proc.exitcode} before reporting")
     result = parent.recv()
     proc.join()
     if isinstance(result, BaseException):

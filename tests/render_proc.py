@@ -28,26 +28,22 @@ def render_server(*args: str, timeout: float = 60.0, workers: int = 1) -> Iterat
     )
     assert proc.stdout is not None
     output: list[str] = []
-    url = None
-    ready = 0
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
     try:
-        while ready < workers:
+        # Raw os.read, not readline: a buffered reader can hold a ready line while select()
+        # reports the pipe empty.
+        while len(READY.findall("".join(output))) < workers:
             left = deadline - time.monotonic()
             if left <= 0 or proc.poll() is not None:
                 raise RuntimeError("render server did not get ready:\n" + "".join(output))
-            if not select.select([proc.stdout], [], [], left)[0]:
-                continue
-            line = proc.stdout.readline().decode(errors="replace")
-            output.append(line)
-            m = READY.search(line)
-            if m:
-                url, ready = m.group(1), ready + 1
-        assert url is not None
+            if select.select([fd], [], [], left)[0]:
+                output.append(os.read(fd, 65536).decode(errors="replace"))
+        url = READY.findall("".join(output))[0]
         # Keep draining so a chatty server never blocks on a full pipe.
-        stdout = proc.stdout
         threading.Thread(target=lambda: output.extend(
-            b.decode(errors="replace") for b in iter(stdout.readline, b"")), daemon=True).start()
+            b.decode(errors="replace") for b in iter(lambda: os.read(fd, 65536), b"")),
+            daemon=True).start()
         yield url
     finally:
         proc.terminate()
