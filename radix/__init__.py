@@ -2,6 +2,7 @@
 
 from radix.index import NO_MATCH, IndexStats, Match, PrefixIndex
 from radix.namespace import Namespace, namespace_for, split_event_extra_keys
+from radix.prompt import PromptKeys
 
 __all__ = [
     "NO_MATCH",
@@ -9,6 +10,7 @@ __all__ = [
     "Match",
     "Namespace",
     "PrefixIndex",
+    "PromptKeys",
     "namespace_for",
     "split_event_extra_keys",
 ]

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, token_bytes
 from radix.optimistic import Optimistic
+from radix.prompt import PromptKeys
 from radix.stamps import SEQ_BITS, SEQ_MASK, evict_oldest, renew, renumber
 from radix.walk import walk
 
@@ -295,17 +296,27 @@ class PrefixIndex:
 
     # ---- routing ----
 
+    def prepare(self, tokens: Sequence[int], namespace: Hashable) -> PromptKeys:
+        """The prompt's block keys, computed lazily and once: pass the result to
+        :meth:`match_keys` and :meth:`note_routed_keys` so a routing decision hashes once."""
+        return PromptKeys(tokens, namespace)
+
     def note_routed(
         self, engine: str, tokens: Sequence[int], namespace: Hashable, now: float, ttl: float
     ) -> int:
         """Mark the full blocks of a prompt just routed to ``engine`` as optimistic until
         ``now + ttl``; returns how many blocks were marked (confirmed ones need no mark)."""
+        return self.note_routed_keys(engine, PromptKeys(tokens, namespace), now, ttl)
+
+    def note_routed_keys(self, engine: str, prompt: PromptKeys, now: float, ttl: float) -> int:
+        """:meth:`note_routed` for a prompt from :meth:`prepare`."""
         eng = self._engines[engine]
         size = eng.block_size
         if size is None:
             return 0
         self._optimistic.purge(now)
-        keys = block_keys(token_bytes(tokens), size, root_key(size, namespace))
+        n = prompt.blocks(size)
+        keys = prompt.keys(size, n)[:n]
         bit = eng.bit
         values = list(map(self._nodes.get, keys))
         unheld = [k for k, v in zip(keys, values, strict=True)
@@ -316,14 +327,16 @@ class PrefixIndex:
     def match(self, tokens: Sequence[int], namespace: Hashable, now: float) -> dict[str, Match]:
         """Per engine, the leading prompt tokens cached: confirmed, and confirmed plus unexpired
         optimistic.  Renews the blocks matched (confirmed) for the LRU."""
+        return self.match_keys(PromptKeys(tokens, namespace), now)
+
+    def match_keys(self, prompt: PromptKeys, now: float) -> dict[str, Match]:
+        """:meth:`match` for a prompt from :meth:`prepare`."""
         self._optimistic.purge(now)
         out = dict.fromkeys(self._engines, NO_MATCH)
         if not self._size_masks:
             return out
-        buf = token_bytes(tokens)
         for size, engines_mask in sorted(self._size_masks.items()):
-            w = walk(self._nodes, self._optimistic, buf, size, root_key(size, namespace),
-                     engines_mask, now)
+            w = walk(self._nodes, self._optimistic, prompt, size, engines_mask, now)
             for index, blocks in w.optimistic.items():
                 name = self._by_index[index].name
                 out[name] = Match(w.confirmed.get(index, 0) * size, blocks * size)

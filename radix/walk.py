@@ -7,8 +7,8 @@ from itertools import compress
 from operator import is_not
 from typing import NamedTuple
 
-from radix.keys import block_keys
 from radix.optimistic import Optimistic, mask_of
+from radix.prompt import PromptKeys
 from radix.stamps import SEQ_BITS
 
 
@@ -28,28 +28,30 @@ def bits(mask: int) -> Iterator[int]:
 
 
 def walk(
-    nodes: dict[int, int], pending: Optimistic, buf: bytes, size: int, seed: int,
+    nodes: dict[int, int], pending: Optimistic, prompt: PromptKeys, size: int,
     engines_mask: int, now: float
 ) -> Walk:
     """One pass over the prompt's blocks for every engine of this block size: each engine
     leaves the walk at the first block it lacks, so the cost is O(blocks + engines)."""
     get = nodes.get
     opt = pending if pending else None
-    n = len(buf) // (size * 4)
+    n = prompt.blocks(size)
     alive_c = alive_o = engines_mask
     confirmed: dict[int, int] = {}
     optimistic: dict[int, int] = {}
     keys: list[int] = []
     values: list[int | None] = []
     depth, deepest, stopped = 0, None, False
-    key, chunk = seed, 8
+    chunk = 8
     while depth < n and not stopped:
-        # Keys in growing chunks: a miss costs one small chunk, a long hit few C-level calls.
-        chunk_keys = block_keys(buf, size, key, depth, min(n, depth + chunk))
+        # Keys in growing chunks: a miss hashes one small chunk, a long hit few C-level calls
+        # (and a note_routed after this match reuses them).
+        stop = min(n, depth + chunk)
+        chunk_keys = prompt.keys(size, stop)[depth:stop]
         chunk_values = list(map(get, chunk_keys))
         keys += chunk_keys
         values += chunk_values
-        key, chunk, m = chunk_keys[-1], chunk * 4, len(chunk_keys)
+        chunk, m = chunk * 4, len(chunk_keys)
         # Only blocks whose holders differ from the block before can change the answer (a run
         # stored by one event shares one value object, a run routed together one optimistic
         # holders dict); found by C-level passes.

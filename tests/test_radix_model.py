@@ -248,6 +248,17 @@ class IndexVersusModel(RuleBasedStateMachine):
     def match(self, tokens: list[int], ns: object) -> None:
         assert self.index.match(tokens, ns, self.now) == self.model.match(tokens, ns, self.now)
 
+    @rule(engine=engines, tokens=prompts, ns=namespaces, ttl=st.sampled_from([0.5, 5.0]))
+    def decided(self, engine: str, tokens: list[int], ns: object, ttl: float) -> None:
+        """The router's path: one PromptKeys for the match and the note (the match may have
+        hashed only the blocks before its first miss; the note needs them all)."""
+        prompt = self.index.prepare(tokens, ns)
+        assert self.index.match_keys(prompt, self.now) == self.model.match(tokens, ns, self.now)
+        if engine in self.model.sizes:
+            self.index.note_routed_keys(engine, prompt, self.now, ttl)
+            self.model.routed(engine, tokens, ns, self.now, ttl)
+        assert self.index.match_keys(prompt, self.now) == self.model.match(tokens, ns, self.now)
+
     @invariant()
     def same_blocks(self) -> None:
         assert len(self.index) == len(self.model.nodes) <= self.index.max_blocks
