@@ -83,7 +83,7 @@ class OraclePolicy(Policy):
         self.engines = engines
 
     def _predicted_cached(self, tokens: Sequence[int], namespace: Hashable,
-                          now: float) -> dict[str, int]:
+                          now: float, prompt: object = None) -> dict[str, int]:
         out = {}
         cap = max(len(tokens) - 1, 0)
         for name, engine in self.engines.items():

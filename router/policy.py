@@ -7,7 +7,7 @@ import random
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import xxhash
 
@@ -21,15 +21,14 @@ class PrefixMatch(Protocol):
 
 
 class PrefixMatcher(Protocol):
-    """The two calls of ``radix.PrefixIndex`` the policy needs."""
+    """The calls of ``radix.PrefixIndex`` the policy needs.  ``prepare`` returns the prompt's
+    block keys (opaque here), hashed once and shared by the match and the note."""
 
-    def match(
-        self, tokens: Sequence[int], namespace: Hashable, now: float
-    ) -> Mapping[str, PrefixMatch]: ...
+    def prepare(self, tokens: Sequence[int], namespace: Hashable) -> Any: ...
 
-    def note_routed(
-        self, engine: str, tokens: Sequence[int], namespace: Hashable, now: float, ttl: float
-    ) -> object: ...
+    def match_keys(self, prompt: Any, now: float) -> Mapping[str, PrefixMatch]: ...
+
+    def note_routed_keys(self, engine: str, prompt: Any, now: float, ttl: float) -> object: ...
 
 
 def _rendezvous_order(tokens: Sequence[int], loads: Sequence[EngineLoad]) -> list[EngineLoad]:
@@ -121,7 +120,8 @@ class Policy:
         if not loads:
             raise NoEngineError("no healthy engine with free capacity")
         ordered = sorted(loads, key=lambda load: load.engine)  # determinism across callers
-        cached = self._predicted_cached(tokens, namespace, now)
+        prompt = self.index.prepare(tokens, namespace)
+        cached = self._predicted_cached(tokens, namespace, now, prompt)
         name = self.config.name
         if name == "cache_aware":
             load, reason = self._cache_aware(tokens, cached, ordered)
@@ -136,8 +136,7 @@ class Policy:
         else:
             load, reason = self._rng.choice(ordered), "random"
         if load.engine in cached:  # engines without a block size yet are not in the index
-            self.index.note_routed(load.engine, tokens, namespace, now,
-                                   self.config.optimistic_ttl)
+            self.index.note_routed_keys(load.engine, prompt, now, self.config.optimistic_ttl)
         return Decision(load.engine, cached.get(load.engine, 0), reason)
 
     def _cache_aware(
@@ -189,9 +188,9 @@ class Policy:
         return min(loads, key=lambda load: (load.requests, load.work(rt), load.engine))
 
     def _predicted_cached(
-        self, tokens: Sequence[int], namespace: Hashable, now: float
+        self, tokens: Sequence[int], namespace: Hashable, now: float, prompt: Any
     ) -> dict[str, int]:
         # vLLM always recomputes the last prompt token, so a full hit is at most len - 1.
         cap = max(len(tokens) - 1, 0)
-        matches = self.index.match(tokens, namespace, now)
+        matches = self.index.match_keys(prompt, now)
         return {engine: min(m.optimistic_tokens, cap) for engine, m in matches.items()}

@@ -50,6 +50,20 @@ class BlockIndex:
         self.routed.append(engine)
         self.store(engine, tokens, namespace)
 
+    # The policy's calls: a prepared prompt is just (tokens, namespace) here.
+    def prepare(
+        self, tokens: Sequence[int], namespace: Hashable
+    ) -> tuple[Sequence[int], Hashable]:
+        return tokens, namespace
+
+    def match_keys(self, prompt: tuple[Sequence[int], Hashable], now: float) -> dict[str, _Match]:
+        return self.match(*prompt, now)
+
+    def note_routed_keys(
+        self, engine: str, prompt: tuple[Sequence[int], Hashable], now: float, ttl: float
+    ) -> None:
+        self.note_routed(engine, *prompt, now, ttl)
+
 
 def _policy(name: str = "cache_aware", **kw: float | int | None) -> tuple[Policy, BlockIndex]:
     index = BlockIndex()
