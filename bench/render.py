@@ -222,8 +222,8 @@ def table(rows: list[dict[str, float | str]], kinds: list[str]) -> str:
             if r is None:
                 cells += ["-", "-", "-"]
                 continue
-            cells += [f"{float(r['rps']):.0f}", f"{float(r['p50_ms']):.2f} / {float(r['p99_ms']):.2f}",
-                      f"{float(r['cpu_ms']):.3f}"]
+            lat = f"{float(r['p50_ms']):.2f} / {float(r['p99_ms']):.2f}"
+            cells += [f"{float(r['rps']):.0f}", lat, f"{float(r['cpu_ms']):.3f}"]
         for k in ratios:
             kv, other = by.get(("kvroute", w, c)), by.get((k, w, c))
             ok = kv and other and float(other["rps"]) > 0
