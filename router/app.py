@@ -45,6 +45,7 @@ from router.kv_subscriber import KVSubscriber
 from router.metrics import RouterMetrics
 from router.policy import Policy
 from router.render_client import RenderClient
+from router.sse import RAW_SEND
 
 PROBES = frozenset({"/health", "/ready", "/metrics", "/ping"})
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -92,6 +93,7 @@ class Guard:
         headers = dict(scope["headers"])
         rid = headers.get(b"x-request-id") or f"req-{time.monotonic_ns():x}".encode()
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
+        scope[RAW_SEND] = send
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -29,6 +29,11 @@ class RequestStream:
     def finished(self) -> bool:
         return self._done or self._error is not None
 
+    @property
+    def queued(self) -> int:
+        """Outputs received and not yet read: the next ``__anext__`` will not wait."""
+        return len(self._items)
+
     def push(self, out: EngineCoreOutput) -> None:
         self._items.append(out)
         self._wake()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from router.collect import collect
 from router.dispatch import Routed
 from router.engine_client import EngineLinkError
 from router.pipeline import EngineOutputError, Pipeline, PipelineSpec
-from router.sse import SSEResponse, error_response, sse_stream
+from router.sse import RAW_SEND, SSEResponse, error_response, sse_stream
 from router.wire import EngineCoreOutput
 
 _JSON = msgspec.json.Encoder()
@@ -32,6 +33,9 @@ class EngineResponse:
         self.stream = stream
         self.arrival = time.perf_counter()
         self.first_token_at = time.perf_counter()  # open() returned with every first output
+        # Outputs the SSE writer may still fold into its current write (see _ready).
+        self._first_unread = True
+        self._merged: deque[tuple[int, EngineCoreOutput]] = deque()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         st, routed = self.st, self.routed
@@ -42,9 +46,13 @@ class EngineResponse:
         status = "200"
         try:
             if self.stream:
-                body = sse_stream(pipeline, self._outputs(), self._abort_choice)
+                body = sse_stream(pipeline, self._outputs(), self._abort_choice,
+                                  ready=self._ready)
+                # Body chunks skip Starlette's middleware send wrappers (they only act on
+                # http.response.start): Guard put the server's own send in the scope.
                 sse = SSEResponse(body, headers=[(b"x-kvroute-route", route)],
-                                  on_disconnect=self._client_left)
+                                  on_disconnect=self._client_left,
+                                  body_send=scope.get(RAW_SEND))
                 await sse(scope, receive, send)
                 if sse.disconnected:
                     status = "499"
@@ -84,37 +92,61 @@ class EngineResponse:
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return str(code)
 
+    def _ready(self) -> bool:
+        """True when the next output of ``_outputs`` is already here (no wait on the engine)."""
+        if self._first_unread:
+            return True
+        if len(self.routed.streams) == 1:
+            return self.routed.streams[0].queued > 0
+        return bool(self._merged)
+
     async def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
         routed = self.routed
         if len(routed.streams) == 1:
             async for out in routed.outputs(0):
+                self._first_unread = False
                 yield 0, out
             return
         # n > 1: the choices run concurrently on the engine; interleave them as they come.
-        queue: asyncio.Queue[tuple[int, EngineCoreOutput] | BaseException | None] = (
-            asyncio.Queue())
+        merged = self._merged
+        wake: list[asyncio.Future[None] | None] = [None]
+        failure: list[BaseException] = []
+        running = len(routed.streams)
+
+        def notify() -> None:
+            fut = wake[0]
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
         async def pump(i: int) -> None:
+            nonlocal running
             try:
                 async for out in routed.outputs(i):
-                    queue.put_nowait((i, out))
+                    merged.append((i, out))
+                    notify()
             except BaseException as exc:
-                queue.put_nowait(exc)
+                failure.append(exc)
                 raise
             finally:
-                queue.put_nowait(None)
+                running -= 1
+                notify()
 
         tasks = [asyncio.ensure_future(pump(i)) for i in range(len(routed.streams))]
+        self._first_unread = False
         try:
-            running = len(tasks)
-            while running:
-                item = await queue.get()
-                if item is None:
-                    running -= 1
-                elif isinstance(item, BaseException):
-                    raise item
+            while True:
+                if merged:
+                    yield merged.popleft()
+                elif failure:
+                    raise failure[0]
+                elif not running:
+                    return
                 else:
-                    yield item
+                    fut = wake[0] = asyncio.get_running_loop().create_future()
+                    try:
+                        await fut
+                    finally:
+                        wake[0] = None
         finally:
             for task in tasks:
                 task.cancel()
