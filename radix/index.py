@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any, NamedTuple
 
 from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, token_bytes
@@ -226,8 +227,7 @@ class PrefixIndex:
             nodes.update(zip(keys, [fresh if v is None else shared[v] for v in values],
                              strict=True))
         if self._optimistic:
-            for key in keys:
-                self._optimistic.discard(key, eng.index)
+            self._optimistic.discard_many(keys, eng.index)
         self.stats.stored_blocks += n
         if len(nodes) > self.max_blocks:
             self._evict()
@@ -319,8 +319,11 @@ class PrefixIndex:
         keys = prompt.keys(size, n)[:n]
         bit = eng.bit
         values = list(map(self._nodes.get, keys))
-        unheld = [k for k, v in zip(keys, values, strict=True)
-                  if v is None or not (v >> SEQ_BITS) & bit]
+        # Decided once per distinct node value (a stored run shares one), applied by C-level passes.
+        distinct = set(values)
+        lacking = {v for v in distinct if v is None or not (v >> SEQ_BITS) & bit}
+        unheld = keys if len(lacking) == len(distinct) else list(
+            compress(keys, map(lacking.__contains__, values)))
         self._optimistic.add(unheld, eng.index, now + ttl)
         return len(unheld)
 
