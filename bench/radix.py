@@ -229,13 +229,40 @@ def bench_match(prompt_tokens: int, engines: int, repeat: int) -> dict[str, floa
     route_ms = timed(lambda: index.note_routed("e0", prompt, None, next(clock), 0.5)) * 1e3
     # Now e0 has unexpired optimistic entries for the whole prompt (at now=1.0): the slow path.
     assert index.match(prompt, None, 1.0)["e0"].optimistic_tokens == prompt_tokens
+    match_opt_ms = timed(lambda: index.match(prompt, None, 1.0)) * 1e3
+
+    # A whole routing decision as router.policy makes it: match, then note the chosen engine.
+    # Token calls hash the prompt twice; a prepared PromptKeys hashes it once for both.
+    def by_tokens() -> None:
+        now = next(clock)
+        index.match(prompt, None, now)
+        index.note_routed("e1", prompt, None, now, 0.5)
+
+    def by_keys() -> None:
+        now = next(clock)
+        keys = index.prepare(prompt, None)
+        index.match_keys(keys, now)
+        index.note_routed_keys("e1", keys, now, 0.5)
+
+    decide_tokens, decide_keys = [], []
+    for _ in range(repeat):  # interleaved: both see the same machine load
+        decide_tokens.append(timed_once(by_tokens))
+        decide_keys.append(timed_once(by_keys))
     return {
+        "decide_tokens_ms": statistics.median(decide_tokens) * 1e3,
+        "decide_keys_ms": statistics.median(decide_keys) * 1e3,
         "route_ms": route_ms,
-        "match_opt_ms": timed(lambda: index.match(prompt, None, 1.0)) * 1e3,
+        "match_opt_ms": match_opt_ms,
         "index_ms": index_ms,
         "tree_ms": timed(lambda: tree.prefix_match(text)) * 1e3,
         "chars": len(text),
     }
+
+
+def timed_once(fn: Callable[[], object]) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
 
 
 def calibration_ms() -> float:
@@ -378,6 +405,12 @@ def main() -> None:
                  f"{m['match_opt_ms']:.3f} ms", "-"))
     rows.append((f"char tree prefix_match, same prompt ({m['chars']:,} chars, median)",
                  f"{m['tree_ms']:.3f} ms", f"index/tree = {m['index_ms'] / m['tree_ms']:.2f}x"))
+    for label, r in (("32k", m), ("2k", bench_match(2_048, engines=64, repeat=50 if q else 200))):
+        rows.append((f"decision on a {label}-token prompt: match + note_routed (token calls)",
+                     f"{r['decide_tokens_ms']:.3f} ms", "-"))
+        rows.append((f"decision on a {label}-token prompt: prepare + match_keys + note_routed_keys",
+                     f"{r['decide_keys_ms']:.3f} ms",
+                     f"keys/tokens = {r['decide_keys_ms'] / r['decide_tokens_ms']:.2f}x"))
 
     n_blocks = 200_000 if q else 1_000_000
     blk = in_subprocess("blocks", str(n_blocks), "8")

@@ -25,7 +25,7 @@ from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, t
 from radix.optimistic import Optimistic
 from radix.prompt import PromptKeys
 from radix.stamps import SEQ_BITS, SEQ_MASK, evict_oldest, renew, renumber
-from radix.walk import walk
+from radix.walk import select, walk
 
 # Groups whose cached prefix can be resumed from any block boundary.  Sliding-window, chunked-local
 # and mamba groups keep only a tail, so their blocks must not extend a prefix match.
@@ -88,6 +88,7 @@ class PrefixIndex:
         self._seq = 0
         self._engines: dict[str, _Engine] = {}
         self._by_index: dict[int, _Engine] = {}
+        self._by_bit: list[str | None] = []  # engine name by bit index (None: free)
         self._free: list[int] = []
         self._size_masks: dict[int, int] = {}
         self._optimistic = Optimistic()
@@ -115,6 +116,10 @@ class PrefixIndex:
         index = heapq.heappop(self._free) if self._free else len(self._by_index)
         eng = _Engine(engine, index, None)
         self._engines[engine] = self._by_index[index] = eng
+        if index == len(self._by_bit):
+            self._by_bit.append(engine)
+        else:
+            self._by_bit[index] = engine
         if block_size is not None:
             self._set_block_size(eng, block_size)
 
@@ -124,6 +129,7 @@ class PrefixIndex:
             return
         self._clear(eng)
         del self._by_index[eng.index]
+        self._by_bit[eng.index] = None
         heapq.heappush(self._free, eng.index)
         if eng.block_size is not None:
             mask = self._size_masks[eng.block_size] & ~eng.bit
@@ -340,9 +346,14 @@ class PrefixIndex:
             return out
         for size, engines_mask in sorted(self._size_masks.items()):
             w = walk(self._nodes, self._optimistic, prompt, size, engines_mask, now)
-            for index, blocks in w.optimistic.items():
-                name = self._by_index[index].name
-                out[name] = Match(w.confirmed.get(index, 0) * size, blocks * size)
+            # Engines that left the walk together share one Match: no per-engine Python work.
+            for blocks_o, mask_o in w.optimistic:
+                if not blocks_o:
+                    continue  # optimistic 0 implies confirmed 0: NO_MATCH already
+                for blocks_c, mask_c in w.confirmed:
+                    if both := mask_o & mask_c:
+                        out.update(dict.fromkeys(select(both, self._by_bit),  # type: ignore[arg-type]
+                                                 Match(blocks_c * size, blocks_o * size)))
             if w.keys:
                 renew(self._nodes, w.keys, w.values, self._tick())
         return out

@@ -11,20 +11,21 @@ from radix.optimistic import Optimistic, mask_of
 from radix.prompt import PromptKeys
 from radix.stamps import SEQ_BITS
 
+_ONE = ord("1")
+
 
 class Walk(NamedTuple):
-    confirmed: dict[int, int]  # engine bit index -> leading blocks held
-    optimistic: dict[int, int]  # engine bit index -> leading blocks held or optimistic
+    # (depth in blocks, engine bitmask) per group of engines that left the walk together; the
+    # engines of one group share one answer, so nothing below is per engine.
+    confirmed: list[tuple[int, int]]  # leading blocks held
+    optimistic: list[tuple[int, int]]  # leading blocks held or optimistic
     keys: list[int]  # the blocks some engine holds confirmed (renewed for the LRU)
     values: list[int | None]
 
 
-def bits(mask: int) -> Iterator[int]:
-    """Indices of the set bits of ``mask``."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
+def select(mask: int, by_bit: list[str | None]) -> Iterator[str | None]:
+    """``by_bit[i]`` for each set bit i of ``mask``, by C-level passes (fleets of 64 engines)."""
+    return compress(by_bit, map(_ONE.__eq__, bin(mask)[:1:-1].encode()))
 
 
 def walk(
@@ -37,9 +38,8 @@ def walk(
     opt = pending if pending else None
     n = prompt.blocks(size)
     alive_c = alive_o = engines_mask
-    confirmed: dict[int, int] = {}
-    optimistic: dict[int, int] = {}
-    keys: list[int] = []
+    confirmed: list[tuple[int, int]] = []
+    optimistic: list[tuple[int, int]] = []
     values: list[int | None] = []
     depth, deepest, stopped = 0, None, False
     chunk = 8
@@ -49,7 +49,6 @@ def walk(
         stop = min(n, depth + chunk)
         chunk_keys = prompt.keys(size, stop)[depth:stop]
         chunk_values = list(map(get, chunk_keys))
-        keys += chunk_keys
         values += chunk_values
         chunk, m = chunk * 4, len(chunk_keys)
         # Only blocks whose holders differ from the block before can change the answer (a run
@@ -65,8 +64,7 @@ def walk(
             held = 0 if value is None else value >> SEQ_BITS
             still_c = alive_c & held
             if still_c != alive_c:
-                for index in bits(alive_c ^ still_c):
-                    confirmed[index] = depth + i
+                confirmed.append((depth + i, alive_c ^ still_c))
                 alive_c = still_c
                 if not alive_c and deepest is None:
                     deepest = depth + i
@@ -74,17 +72,17 @@ def walk(
                 held |= mask_of(pending_here, now)
             still_o = alive_o & held
             if still_o != alive_o:
-                for index in bits(alive_o ^ still_o):
-                    optimistic[index] = depth + i
+                optimistic.append((depth + i, alive_o ^ still_o))
                 alive_o = still_o
                 if not alive_o:
                     stopped = True
                     break
         if not stopped:
             depth += m
-    for index in bits(alive_c):
-        confirmed[index] = depth
-    for index in bits(alive_o):
-        optimistic[index] = depth
+    if alive_c:
+        confirmed.append((depth, alive_c))
+    if alive_o:
+        optimistic.append((depth, alive_o))
     deepest = depth if deepest is None else deepest
-    return Walk(confirmed, optimistic, keys[:deepest], values[:deepest])
+    keys = prompt.keys(size, deepest)[:deepest]
+    return Walk(confirmed, optimistic, keys, values[:deepest])
