@@ -265,6 +265,70 @@ def timed_once(fn: Callable[[], object]) -> float:
     return time.process_time() - t0
 
 
+def baseline_rows(rev: str, repeat: int) -> list[tuple[str, str, str]]:
+    """This tree's radix against ``rev``'s (a git revision), interleaved in one process: match and
+    a whole routing decision (match + note_routed), 64 engines, as in :func:`bench_match`."""
+    import importlib
+    import re
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="radix_baseline_"))
+    pkg = tmp / "radix_baseline"
+    pkg.mkdir()
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:radix"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:radix/{name}"],
+                             check=True, capture_output=True, text=True).stdout
+        (pkg / name).write_text(re.sub(r"\bfrom radix(\.| import)", r"from radix_baseline\1", src))
+    sys.path.insert(0, str(tmp))
+    old_mod = importlib.import_module("radix_baseline")
+    rows = []
+    for n in (2_048, 32_768):
+        rng = random.Random(5)
+        prompt = [rng.randrange(VOCAB) for _ in range(n)]
+        built = []
+        for cls in (old_mod.PrefixIndex, PrefixIndex):
+            index, hashes = cls(max_blocks=10_000_000), {}
+            for e in range(64):
+                index.add_engine(f"e{e}", BLOCK)
+            for e in range(64):
+                part = prompt if e == 32 else prompt[: min(1024, n // 2)] + [1] * 512
+                store_prompt(index, f"e{e}", part, random.Random(e), hashes)
+            built.append(index)
+        old, new = built
+        assert old.match(prompt, None, 1.0) == new.match(prompt, None, 1.0)
+        clock = iter(range(2, 10**9))
+
+        def old_decide(old: Any = old, prompt: list[int] = prompt, clock: Any = clock) -> None:
+            now = next(clock)
+            old.match(prompt, None, now)
+            old.note_routed("e1", prompt, None, now, 0.5)
+
+        def new_decide(new: PrefixIndex = new, prompt: list[int] = prompt,
+                       clock: Any = clock) -> None:
+            now = next(clock)
+            keys = new.prepare(prompt, None)
+            new.match_keys(keys, now)
+            new.note_routed_keys("e1", keys, now, 0.5)
+
+        fns: dict[str, Callable[[], object]] = {
+            "old match": lambda old=old, prompt=prompt: old.match(prompt, None, 1.0),
+            "new match": lambda new=new, prompt=prompt: new.match(prompt, None, 1.0),
+            "old decide": old_decide, "new decide": new_decide}
+        samples: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(repeat):
+            for k, fn in fns.items():
+                samples[k].append(timed_once(fn))
+        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        for what in ("match", "decide"):
+            label = "match" if what == "match" else "decision (match + note)"
+            rows.append((f"{label}, {n // 1024}k tokens, 64 engines: {rev} | this tree",
+                         f"{med['old ' + what]:.3f} ms | {med['new ' + what]:.3f} ms",
+                         f"new/old = {med['new ' + what] / med['old ' + what]:.2f}x"))
+    return rows
+
+
 def calibration_ms() -> float:
     """CPU time of ``sum(range(100_000))`` (about 1 ms on a 2020s desktop core, Python 3.11)."""
     samples = []
@@ -377,6 +441,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--plot", help="PNG path: match time vs prompt length, index and tree")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also time match and a routing decision against radix/ at git REV")
     args = ap.parse_args()
     if args.child:
         if args.child[0] == "blocks":
@@ -426,6 +492,9 @@ def main() -> None:
     rows.append(("RSS, same prompts as text in the character tree",
                  f"{tree['rss_growth'] / 2**20:.1f} MiB",
                  f"tree/index = {tree['rss_growth'] / idx['rss_growth']:.1f}x"))
+
+    if args.baseline:
+        rows += baseline_rows(args.baseline, repeat=20 if q else 100)
 
     if args.plot:
         lengths = [1024, 4096, 8192, 16384, 32768]
