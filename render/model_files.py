@@ -60,13 +60,14 @@ def _token_str(value: Any) -> str | None:
 
 
 def derive_max_model_len(config: dict[str, Any], tokenizer_config: dict[str, Any]) -> int:
-    """vLLM's ``_get_and_verify_max_len`` with no user override."""
+    """vLLM's ``_get_and_verify_max_len`` with no user override, for a generative model."""
     text = config.get("text_config") or config
     found = [text[k] for k in _MAX_LEN_KEYS if isinstance(text.get(k), int | float)]
     derived: float = min(found) if found else float("inf")
-    tok_max = tokenizer_config.get("model_max_length")
-    if isinstance(tok_max, int | float):
-        derived = min(derived, tok_max)
+    # vLLM reads tokenizer_config's model_max_length only for pooling models with absolute
+    # position embeddings (ModelConfig.get_and_verify_max_len); DeepSeek-V3.1's 131072 there
+    # must not cap its 163840.
+    del tokenizer_config
     if derived == float("inf"):
         derived = 2048
     rope = text.get("rope_scaling") or text.get("rope_parameters")

@@ -267,6 +267,12 @@ class Renderer:
 
     def completion_token_ids(self, req: CompletionRequest) -> list[list[int]]:
         prompt = req.prompt
+        if prompt == "":
+            # vLLM's CompletionRequest validator, before tokenizing: a BOS-adding tokenizer
+            # (Gemma 3) would otherwise render [BOS].
+            raise BadRequestError(
+                "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+            )
         if isinstance(prompt, str):
             prompts: list[str | list[int]] = [prompt]
         elif all(isinstance(p, int) for p in prompt):
