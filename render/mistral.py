@@ -9,6 +9,7 @@ control-token look-alikes in the text as plain text.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,11 @@ class MistralRenderer:
         from mistral_common.exceptions import MistralCommonException
         from mistral_common.protocol.instruct.request import ChatCompletionRequest as MistralRequest
 
+        if req.chat_template is not None or req.chat_template_kwargs is not None:
+            # vLLM's validate_request_params for Mistral tokenizers.
+            raise BadRequestError(
+                "chat_template is not supported for Mistral tokenizers.", "chat_template"
+            )
         messages = [self._message(i, m) for i, m in enumerate(msgspec.to_builtins(req.messages))]
         last = messages[-1]["role"]
         if req.add_generation_prompt and req.continue_final_message:
@@ -72,6 +78,19 @@ class MistralRenderer:
                         f"serves text-only models (messages[{i}].content).",
                         f"messages[{i}].content",
                     )
+        for call in m.get("tool_calls") or []:
+            # vLLM's parse_chat_messages hands mistral-common parsed arguments: invalid or
+            # non-object JSON becomes {} so the conversation can continue.
+            function = call.get("function", {})
+            raw = function.get("arguments")
+            if not raw:
+                function["arguments"] = {}
+            elif isinstance(raw, str):
+                try:
+                    parsed = json.loads(raw)
+                except json.JSONDecodeError:
+                    parsed = None
+                function["arguments"] = parsed if isinstance(parsed, dict) else {}
         rc = m.pop("reasoning_content", None)
         if rc is not None and m.get("reasoning") is None:
             m["reasoning"] = rc

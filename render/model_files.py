@@ -162,6 +162,10 @@ def load_model_files(
         k: s for k in SPECIAL_TOKEN_KEYS if (s := _token_str(tok_config.get(k))) is not None
     }
     tekken = tok_path / "tekken.json"
+    # vLLM's tokenizer_mode "auto" takes mistral-common only for a Mistral-format repo
+    # (is_mistral_model_repo: consolidated*.safetensors) holding tekken.json; otherwise the
+    # HF tokenizer and its Jinja template.
+    mistral_format = tekken.is_file() and any(tok_path.glob("consolidated*.safetensors"))
     raw = tok_file.read_bytes()
     return ModelFiles(
         path=path,
@@ -172,5 +176,5 @@ def load_model_files(
         tokenizer_spec=read_spec(raw),
         chat_templates=templates,
         special_tokens=specials,
-        tekken_path=tekken if tekken.is_file() else None,
+        tekken_path=tekken if mistral_format else None,
     )

@@ -58,6 +58,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
     "llama3_1": {
         "tokenizer": "npm-llama3_1",
+        # The npm package carries Llama 3.0's special-token names; 3.1 renamed some of them
+        # (vLLM's llama3_json tool parser needs <|python_tag|>, the template <|eom_id|>).
+        "special_tokens": "llama3_1",
         "template": "meta-llama-Llama-3.1-8B-Instruct.jinja",
         "config": {
             "architectures": ["LlamaForCausalLM"],
@@ -206,8 +209,35 @@ FAMILIES: dict[str, dict[str, Any]] = {
             "torch_dtype": "bfloat16",
         },
         "generation": {"_from_model_config": True, "bos_token_id": 1, "eos_token_id": 2},
+        # Mistral-Nemo-Instruct-2407 ships consolidated.safetensors: with it next to tekken.json
+        # vLLM's tokenizer_mode "auto" picks mistral-common (is_mistral_model_repo), as it does for
+        # the real repo. An empty stand-in: renderers never read weights.
+        "weights_marker": "consolidated.safetensors",
     },
 }
+
+
+def _llama3_1_special(token_id: int) -> str:
+    """Llama 3.1's name for an id in 128000..128255."""
+    named = {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>",
+             128004: "<|finetune_right_pad_id|>", 128006: "<|start_header_id|>",
+             128007: "<|end_header_id|>", 128008: "<|eom_id|>", 128009: "<|eot_id|>",
+             128010: "<|python_tag|>"}
+    if token_id in named:
+        return named[token_id]
+    reserved = {128002: 0, 128003: 1, 128005: 2}.get(token_id, token_id - 128008)
+    return f"<|reserved_special_token_{reserved}|>"
+
+
+def _rename_special_tokens(tmp: Path) -> None:
+    tok = json.loads((tmp / "tokenizer.json").read_text(encoding="utf-8"))
+    for added in tok["added_tokens"]:
+        added["content"] = _llama3_1_special(added["id"])
+    _write_json(tmp / "tokenizer.json", tok)
+    config = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for key, added in config.get("added_tokens_decoder", {}).items():
+        added["content"] = _llama3_1_special(int(key))
+    _write_json(tmp / "tokenizer_config.json", config)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -257,6 +287,10 @@ def _build(family: str, spec: dict[str, Any], dl: Path, dest: Path) -> None:
         models = dl / source / "models"
         shutil.copy(models / "tokenizer.json", tmp / "tokenizer.json")
         shutil.copy(models / "tokenizer_config.json", tmp / "tokenizer_config.json")
+    if spec.get("special_tokens") == "llama3_1":
+        _rename_special_tokens(tmp)
+    if spec.get("weights_marker"):
+        (tmp / spec["weights_marker"]).touch()
     if spec["template"] is not None:
         template = (dl / "llama-cpp-templates" / spec["template"]).read_text(encoding="utf-8")
         tok_config = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))

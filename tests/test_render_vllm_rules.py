@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from render import Renderer
 from render.errors import BadRequestError
-from render.model_files import derive_max_model_len
+from render.model_files import derive_max_model_len, load_model_files
 from render.protocol import CompletionRequest
 
+QWEN3_DIR = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
 DEEPSEEK_V3_1 = {
     "model_type": "deepseek_v3",
     "max_position_embeddings": 163840,
@@ -40,3 +44,13 @@ def test_empty_completion_prompt(prompt: str | list[str]) -> None:
     assert e.value.status == 400
     expected = "non-empty" if prompt == "" else "No token_ids"
     assert expected in str(e.value)
+
+
+def test_tekken_is_used_only_in_a_mistral_format_repo(tmp_path: Path) -> None:
+    # vLLM's tokenizer_mode "auto": mistral-common needs consolidated*.safetensors next to
+    # tekken.json; otherwise the HF tokenizer.json and its template render the chat.
+    shutil.copy(QWEN3_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tekken.json").write_text("{}")
+    assert load_model_files(tmp_path).tekken_path is None
+    (tmp_path / "consolidated.safetensors").touch()
+    assert load_model_files(tmp_path).tekken_path == tmp_path / "tekken.json"
