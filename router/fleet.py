@@ -40,7 +40,7 @@ class Fleet:
     """Keeps the prefix index and the KV subscriptions in step with the engines' health."""
 
     def __init__(self, client: EngineClient, kv: KVSubscriber, index: PrefixIndex,
-                 admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.05) -> None:
+                 admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25) -> None:
         self.client = client
         self.kv = kv
         self.index = index
