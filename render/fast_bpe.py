@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import unicodedata
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import tokenizers
@@ -34,8 +35,9 @@ _PROBES = (
 )
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte -> printable character table, inverted."""
+@lru_cache(maxsize=1)
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the byte each printable stand-in character means."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
           *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
@@ -98,7 +100,7 @@ def build(tok: tokenizers.Tokenizer) -> Callable[[Sequence[str]], list[list[int]
     # tiktoken forms any token whose two parts meet; BPE only those a merge produces.
     if any(len(token) > 1 and token not in merged for token in vocab):
         return None
-    decoder = _byte_decoder()
+    decoder = byte_decoder()
     try:
         ranks = {bytes(decoder[ch] for ch in token): i for token, i in vocab.items()}
         enc = tiktoken.Encoding("kvroute-fast-bpe", pat_str=pattern, mergeable_ranks=ranks,

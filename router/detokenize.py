@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from codecs import utf_8_decode as _utf8_decode
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Protocol
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
+
+from render.fast_bpe import byte_decoder
 
 # DecodeStream needs a few tokens of context to know the leading-space and byte-merging state of
 # the next token; vLLM seeds its detokenizer with the prompt tail for the same reason.
@@ -37,21 +38,6 @@ class Detokenizer(Protocol):
     def flush(self) -> str:
         """End of the request: return text still withheld (incomplete UTF-8 shows as U+FFFD)."""
         ...
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's bytes_to_unicode, inverted: the printable character standing for each byte."""
-    bs = list(range(ord("!"), ord("~") + 1))
-    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
 def _whole_text(data: bytes) -> str | None:
@@ -155,7 +141,7 @@ class TokenDecoder:
     def _byte_table(self, size: int) -> list[bytes]:
         # Mirrors tokenizers' ByteLevel decoder: a piece whose characters all stand for bytes
         # becomes those bytes, any other piece (e.g. an added token) its own UTF-8.
-        byte_of = _byte_decoder()
+        byte_of = byte_decoder()
         table = [b""] * size
         for piece, i in self.tokenizer.get_vocab(with_added_tokens=True).items():
             try:
