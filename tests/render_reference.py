@@ -122,11 +122,24 @@ def jinja_reference(tok: Any, family: str, body: dict[str, Any]) -> list[int]:
 
 def mistral_reference(tok: Any, body: dict[str, Any]) -> list[int]:
     messages = body["messages"]
+    if body.get("chat_template") is not None or body.get("chat_template_kwargs") is not None:
+        # vLLM's validate_request_params for Mistral tokenizers (transformers ignores them).
+        raise ValueError("chat_template is not supported for Mistral tokenizers.")
     agp = body.get("add_generation_prompt", True)
     if agp and messages[-1]["role"] == "assistant":
         raise ValueError("add_generation_prompt with a final assistant message")
+    messages = json.loads(json.dumps(messages))
+    for m in messages:
+        for call in m.get("tool_calls") or []:
+            # vLLM's parse_chat_messages: arguments parsed, invalid or non-object JSON -> {}.
+            raw = call["function"].get("arguments")
+            try:
+                parsed = json.loads(raw) if isinstance(raw, str) and raw else raw
+            except json.JSONDecodeError:
+                parsed = None
+            call["function"]["arguments"] = parsed if isinstance(parsed, dict) else {}
     ids = tok.apply_chat_template(
-        json.loads(json.dumps(messages)),
+        messages,
         tools=body.get("tools"),
         continue_final_message=body.get("continue_final_message", False),
         tokenize=True,
