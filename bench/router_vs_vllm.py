@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--start-timeout", type=float, default=900)
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     if not VLLM.exists() or not (MODEL / "config.json").exists():
@@ -198,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         for port, ps in sides.values():  # warm-up: first-request costs on both sides
             measure(port, ps, prompts(a.concurrency, 99), a.max_tokens, a.concurrency)
+        # Fixed background cost (no requests), so per-token numbers can be read both ways.
+        c0 = {k: cpu_of(ps) for k, (_, ps) in sides.items()}
+        time.sleep(a.idle)
+        idle = {k: (cpu_of(ps) - c0[k]) / a.idle * 1e3 for k, (_, ps) in sides.items()}
+        print("  idle CPU, ms per s: " + json.dumps({k: round(v, 2) for k, v in idle.items()}),
+              flush=True)
         runs: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
         for r in range(a.rounds):
             texts = prompts(a.requests, r)
@@ -217,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kvroute router / vllm serve API server CPU per streamed token = {ratio:.3f} "
           f"(target <= 0.6); load average {os.getloadavg()[0]:.2f}")
     if a.json:
-        a.json.write_text(json.dumps({"runs": runs, "median": med, "ratio": ratio}, indent=2))
+        a.json.write_text(json.dumps({"runs": runs, "median": med, "ratio": ratio,
+                                      "idle_cpu_ms_per_s": idle}, indent=2))
     return 0
 
 

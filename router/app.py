@@ -94,7 +94,6 @@ class Guard:
         headers = dict(scope["headers"])
         rid = headers.get(b"x-request-id") or f"req-{time.monotonic_ns():x}".encode()
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
-        scope[RAW_SEND] = send
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -117,6 +116,18 @@ class Guard:
             await resp(scope, receive, send_with_id)
             return
         await self.app(scope, receive, send_with_id)
+
+
+class RouterApp(Starlette):
+    """Starlette, plus the server's own ``send`` in the scope for SSE body chunks.
+
+    Starlette's ServerErrorMiddleware (outermost), Guard and ExceptionMiddleware each wrap
+    ``send``; none of them acts on body messages, yet each wrapper costs per token.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 async def on_overloaded(request: Request, exc: Exception) -> Response:
@@ -265,7 +276,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         EngineLinkError: on_engine_error,
         **EXCEPTION_HANDLERS,
     }
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers)
+    app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers)
     app.add_middleware(Guard, api_key=cfg.api_key, lifecycle=lifecycle)
     app.state.lifecycle = lifecycle
     return app

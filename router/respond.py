@@ -49,7 +49,7 @@ class EngineResponse:
                 body = sse_stream(pipeline, self._outputs(), self._abort_choice,
                                   ready=self._ready)
                 # Body chunks skip Starlette's middleware send wrappers (they only act on
-                # http.response.start): Guard put the server's own send in the scope.
+                # http.response.start): RouterApp put the server's own send in the scope.
                 sse = SSEResponse(body, headers=[(b"x-kvroute-route", route)],
                                   on_disconnect=self._client_left,
                                   body_send=scope.get(RAW_SEND))
