@@ -40,6 +40,8 @@ async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
         on_app(app)
     hc = Config()
     hc.bind = [f"fd://{sock.fileno()}"]
+    # Hypercorn re-listens on the socket with its own backlog (default 100): keep bind_socket's.
+    hc.backlog = 2048
     hc.accesslog = None
     hc.errorlog = None
     hc.keep_alive_timeout = 75
