@@ -112,16 +112,20 @@ class Foreign:
         self._is_ready = False
         # Drained from the start: a server started ahead of its test must never block on a full
         # pipe. Raw os.read, not readline (a buffered reader can hide the ready line).
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        while chunk := os.read(fd, 65536):
-            self.log.append(chunk.decode(errors="replace"))
-            if not self._is_ready and self._ready.search("".join(self.log[-20:])):
-                self._is_ready = True
-                self._event.set()
+        try:
+            while chunk := os.read(fd, 65536):
+                self.log.append(chunk.decode(errors="replace"))
+                if not self._is_ready and self._ready.search("".join(self.log[-20:])):
+                    self._is_ready = True
+                    self._event.set()
+        except OSError:  # stop() closed the pipe while a grandchild still held its write end
+            pass
         self._event.set()
 
     def wait(self, timeout: float) -> str:
@@ -136,6 +140,9 @@ class Foreign:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._drainer.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
 
 
 def vllm_python(family: str) -> Foreign:
