@@ -49,6 +49,9 @@ class Fleet:
         self.poll = poll
         self.attached: set[str] = set()
         self.subscribed: set[str] = set()
+        # The client's connect count per attached engine: a rise while it stayed READY between two
+        # polls is a process restart (an idle engine killed and restarted fast).
+        self.connects: dict[str, int] = {}
 
     def join(self, spec: EngineSpec) -> str:
         """Add an engine at run time; returns the handshake address to start it against."""
@@ -67,6 +70,8 @@ class Fleet:
     def sync(self) -> None:
         for name, eng in self.client.engines.items():
             ready = eng.status is EngineStatus.READY
+            if ready and name in self.attached and eng.counters.connects != self.connects[name]:
+                self._restarted(name)
             if ready and name not in self.attached:
                 self._attach(name)
             elif not ready and name in self.attached:
@@ -80,6 +85,7 @@ class Fleet:
         if block_size is None and spec is not None:
             block_size = spec.block_size  # re-adopted: no ready map this time
         self.attached.add(name)
+        self.connects[name] = eng.counters.connects
         if block_size is not None:
             self.index.add_engine(name, block_size)
             endpoints = self._kv_endpoints(name, spec, info.kv_events_config if info else None)
@@ -90,6 +96,13 @@ class Fleet:
                                         "adopted": eng.adopted,
                                         "kv_events": name in self.subscribed})
         self.admission.wake()
+
+    def _restarted(self, name: str) -> None:
+        self.connects[name] = self.client.engines[name].counters.connects
+        log.warning("engine reconnected: rebuilding its index", extra={"engine": name})
+        if name in self.subscribed:
+            # Clears the old process's blocks and replays the new one's buffer.
+            asyncio.get_running_loop().create_task(self.kv.engine_restarted(name))
 
     def _detach(self, name: str, why: str) -> None:
         self.attached.discard(name)

@@ -129,18 +129,21 @@ def test_full_engines_queue_then_429_and_503() -> None:
                           limits=Limits(max_in_flight_per_engine=1, max_queue=1,
                                         queue_timeout=0.5, retry_after=3))
 
-    async def run(base: str) -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+    async def run(c: LocalCluster) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=c.base_url, timeout=30) as http:
             long = asyncio.ensure_future(http.post("/v1/completions", json={
                 "model": MODEL, "prompt": "hold the slot", "max_tokens": 200}))
-            # Let the first one take the slot (it is waiting on the engine after this).
-            await asyncio.sleep(0)
+            # The first request must hold the engine's only slot before the others arrive.
+            deadline = time.monotonic() + 20
+            while sum(e.num_in_flight for e in c.state.client.engines.values()) < 1:
+                assert time.monotonic() < deadline and not long.done(), "slot never taken"
+                await asyncio.sleep(0.005)
             waiters = [asyncio.ensure_future(http.post("/v1/completions", json={
                 "model": MODEL, "prompt": f"w{i}", "max_tokens": 2})) for i in range(2)]
             return [await long, *[await w for w in waiters]]
 
     with LocalCluster(opts) as c:
-        first, *rest = asyncio.run(run(c.base_url))
+        first, *rest = asyncio.run(run(c))
     assert first.status_code == 200
     codes = sorted(r.status_code for r in rest)
     assert codes == [429, 503], [r.text for r in rest]
