@@ -67,7 +67,14 @@ class StreamDetokenizer:
 
     def step(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._stream.step(self._tok, token_id)
+        try:
+            text = self._stream.step(self._tok, token_id)
+        except Exception:  # tokenizers' DecodeStream gives up on some invalid byte-fallback runs
+            self._pending += 1
+            text = self.flush()
+            self._stream = DecodeStream(self._ids[-PROMPT_CONTEXT_TOKENS:],
+                                        skip_special_tokens=self._skip)
+            return text
         if text is None:
             self._pending += 1
             return ""

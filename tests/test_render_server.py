@@ -241,9 +241,10 @@ def test_two_workers_share_the_port() -> None:
         for _ in range(200):
             r = httpx.post(u + "/v1/chat/completions/render", json={"messages": HI})
             assert r.json()["token_ids"] == HI_IDS
+            # A worker that has answered nothing yet has no labelled samples to name itself by.
             m = re.search(r'worker="(\d+)"', httpx.get(u + "/metrics").text)
-            assert m
-            pids.add(m.group(1))
+            if m:
+                pids.add(m.group(1))
             if len(pids) == 2:
                 break
         assert len(pids) == 2  # both workers answer on the one port
