@@ -82,19 +82,24 @@ def _content(msg: ChatMessage, index: int, fmt: ContentFormat) -> str | list[dic
     return "\n".join(items)
 
 
-def _tool_call_dict(call: ToolCall) -> dict[str, Any]:
-    out: dict[str, Any] = msgspec.to_builtins(call)
-    function = out["function"]
-    raw = function.get("arguments")
+def parse_tool_arguments(raw: Any) -> Any:
+    """A tool call's ``arguments`` as templates see them in vLLM: JSON strings parsed, and
+    empty, invalid or non-object arguments as {} so the conversation can continue."""
     if not raw:
-        function["arguments"] = {}
-    elif isinstance(raw, str):
+        return {}
+    if isinstance(raw, str):
         try:
             parsed = json.loads(raw)
         except json.JSONDecodeError:
             parsed = None
-        # Invalid or non-object arguments become {} so the conversation can continue (vLLM).
-        function["arguments"] = parsed if isinstance(parsed, dict) else {}
+        return parsed if isinstance(parsed, dict) else {}
+    return raw
+
+
+def _tool_call_dict(call: ToolCall) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(call)
+    function = out["function"]
+    function["arguments"] = parse_tool_arguments(function.get("arguments"))
     return out
 
 

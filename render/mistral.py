@@ -9,14 +9,13 @@ control-token look-alikes in the text as plain text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from render.errors import BadRequestError
-from render.messages import tool_dicts
+from render.messages import parse_tool_arguments, tool_dicts
 from render.protocol import MEDIA_PART_TYPES, ChatCompletionRequest
 
 
@@ -82,15 +81,7 @@ class MistralRenderer:
             # vLLM's parse_chat_messages hands mistral-common parsed arguments: invalid or
             # non-object JSON becomes {} so the conversation can continue.
             function = call.get("function", {})
-            raw = function.get("arguments")
-            if not raw:
-                function["arguments"] = {}
-            elif isinstance(raw, str):
-                try:
-                    parsed = json.loads(raw)
-                except json.JSONDecodeError:
-                    parsed = None
-                function["arguments"] = parsed if isinstance(parsed, dict) else {}
+            function["arguments"] = parse_tool_arguments(function.get("arguments"))
         rc = m.pop("reasoning_content", None)
         if rc is not None and m.get("reasoning") is None:
             m["reasoning"] = rc
