@@ -79,8 +79,14 @@ async def chat_completions(request: Request) -> Any:
         gen = await run_render(request, renderer, len(body), renderer.render_chat, req)
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  return_token_ids=bool(req.return_token_ids))
-    decoder = st.decoders[renderer.served_model_name]
-    resp = await _open(request, gen, spec, bool(req.stream), decoder)
+    return await _answer(request, gen, spec, bool(req.stream), renderer, arrival)
+
+
+async def _answer(request: Request, gen: Any, spec: Any, stream: bool, renderer: Any,
+                  arrival: float) -> Any:
+    """Open the engine request and its response, timed from the request's arrival."""
+    decoder = request.state.decoders[renderer.served_model_name]
+    resp = await _open(request, gen, spec, stream, decoder)
     resp.arrival = arrival
     return resp
 
@@ -104,10 +110,7 @@ async def completions(request: Request) -> Any:
         echo = renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
     spec = _spec(COMPLETION, gen, renderer.served_model_name, echo=echo,
                  return_token_ids=bool(req.return_token_ids))
-    decoder = st.decoders[renderer.served_model_name]
-    resp = await _open(request, gen, spec, bool(req.stream), decoder)
-    resp.arrival = arrival
-    return resp
+    return await _answer(request, gen, spec, bool(req.stream), renderer, arrival)
 
 
 async def generate(request: Request) -> Any:
