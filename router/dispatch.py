@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
 
@@ -24,6 +25,13 @@ log = logging.getLogger("kvroute.router")
 
 BREAKER_BASE = 5.0  # seconds an engine is skipped after a failure before its first token
 BREAKER_MAX = 60.0
+
+
+class Placed(Protocol):
+    """Engine streams holding router slots: one routed request, or several (multi_prompt.py)."""
+
+    @property
+    def streams(self) -> list[RequestStream]: ...
 
 
 @dataclass(slots=True)
@@ -159,14 +167,14 @@ class Dispatcher:
         raise Overloaded(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
 
-    def done(self, routed: Routed) -> None:
+    def done(self, routed: Placed) -> None:
         """Give the slots back (call once, whatever the outcome)."""
-        for _ in routed.streams:
-            self.admission.release(routed.decision.engine)
-        engine = routed.decision.engine
-        self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
+        for stream in routed.streams:
+            self.admission.release(stream.engine)
+        for engine in {s.engine for s in routed.streams}:
+            self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
 
-    async def abort(self, routed: Routed, cause: str) -> None:
+    async def abort(self, routed: Placed, cause: str) -> None:
         pending = [s.request_id for s in routed.streams if not s.finished]
         if pending:
             self.metrics.aborts.labels(cause).inc(len(pending))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -14,7 +15,9 @@ from render.protocol import GenerateRequest
 from render.sampling import SamplingParams
 from render.server import json_response, read_body, run_render
 from router.config import EngineSpec
-from router.pipeline import CHAT, COMPLETION, GENERATE, PipelineSpec
+from router.dispatch import Routed
+from router.multi_prompt import PipelineGroup, RoutedGroup
+from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from router.respond import EngineResponse
 
 # vLLM's detokenizer seeds non-byte-level decoding with the last few prompt tokens.
@@ -101,16 +104,48 @@ async def completions(request: Request) -> Any:
         gens = await st.remote.render_completion(body)
     else:
         gens = await run_render(request, renderer, len(body), renderer.render_completion, req)
-    if len(gens) != 1:
-        raise BadRequestError("kvroute serves one prompt per completions request; send a "
-                              "request per prompt.", "prompt")
-    gen = gens[0]
-    echo = None
-    if req.echo:
-        echo = renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-    spec = _spec(COMPLETION, gen, renderer.served_model_name, echo=echo,
-                 return_token_ids=bool(req.return_token_ids))
-    return await _answer(request, gen, spec, bool(req.stream), renderer, arrival)
+    specs = [
+        _spec(COMPLETION, gen, renderer.served_model_name,
+              echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+              if req.echo else None,
+              return_token_ids=bool(req.return_token_ids))
+        for gen in gens
+    ]
+    if len(gens) == 1:
+        return await _answer(request, gens[0], specs[0], bool(req.stream), renderer, arrival)
+    return await _answer_prompts(request, gens, specs, bool(req.stream), renderer, arrival)
+
+
+async def _answer_prompts(request: Request, gens: list[GenerateRequest],
+                          specs: list[PipelineSpec], stream: bool, renderer: Any,
+                          arrival: float) -> Any:
+    """Several prompts: each routed on its own, concurrently; answered as one response."""
+    st = request.state
+    # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
+    response_id = gens[0].request_id.rsplit("-", 1)[0]
+    if response_id in st.active or any(g.request_id in st.active for g in gens):
+        raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
+    opened = await asyncio.gather(*(
+        st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
+                           cache_salt=g.cache_salt, priority=g.priority)
+        for g in gens), return_exceptions=True)
+    parts = [r for r in opened if isinstance(r, Routed)]
+    failed = [r for r in opened if isinstance(r, BaseException)]
+    if failed:
+        for part in parts:  # the prompts that did open must not run on unheard
+            await st.dispatcher.abort(part, "sibling_failed")
+            st.dispatcher.done(part)
+        raise failed[0]
+    st.router_metrics.prompt_tokens.inc(sum(len(g.token_ids) for g in gens))
+    decoder = st.decoders[renderer.served_model_name]
+    first = specs[0]
+    spec = msgspec.structs.replace(
+        first, request_id=response_id, n=sum(s.n for s in specs),
+        prompt_tokens=sum(s.prompt_tokens for s in specs), echo=None, prompt_tail=())
+    group = PipelineGroup(spec, [Pipeline(s, decoder) for s in specs])
+    resp = EngineResponse(st, RoutedGroup(parts), spec, decoder, stream, pipeline=group)
+    resp.arrival = arrival
+    return resp
 
 
 async def generate(request: Request) -> Any:

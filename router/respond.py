@@ -14,6 +14,7 @@ import msgspec
 from router.collect import collect
 from router.dispatch import Routed
 from router.engine_client import EngineLinkError
+from router.multi_prompt import PipelineGroup, RoutedGroup
 from router.pipeline import EngineOutputError, Pipeline, PipelineSpec
 from router.sse import RAW_SEND, SSEResponse, error_response, sse_stream
 from router.wire import EngineCoreOutput
@@ -24,10 +25,11 @@ _JSON = msgspec.json.Encoder()
 class EngineResponse:
     """An ASGI app: runs the pipeline over the routed request's outputs and writes the answer."""
 
-    def __init__(self, state: Any, routed: Routed, spec: PipelineSpec, decoder: Any,
-                 stream: bool) -> None:
+    def __init__(self, state: Any, routed: Routed | RoutedGroup, spec: PipelineSpec,
+                 decoder: Any, stream: bool, pipeline: PipelineGroup | None = None) -> None:
         self.st = state
         self.routed = routed
+        self.group = pipeline  # several prompts in one completions request
         self.spec = spec
         self.decoder = decoder
         self.stream = stream
@@ -39,7 +41,7 @@ class EngineResponse:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         st, routed = self.st, self.routed
-        pipeline = Pipeline(self.spec, self.decoder)
+        pipeline: Any = self.group or Pipeline(self.spec, self.decoder)
         route = routed.decision.header().encode()
         st.active[self.spec.request_id] = routed
         st.lifecycle.enter()
