@@ -15,6 +15,7 @@ import tokenizers
 from msgspec import UNSET
 
 from render.errors import BadRequestError, ContextLengthError, TemplateUnavailableError
+from render.memory import release_freed_heap
 from render.messages import normalize_messages, tool_dicts
 from render.model_files import ModelFiles, derive_max_model_len, load_model_files
 from render.params import build_sampling_params, default_sampling_params, max_tokens_for
@@ -122,7 +123,7 @@ class Renderer:
             raise ValueError(
                 f"max_model_len {max_model_len} is larger than the model's context length {derived}"
             )
-        return cls(
+        renderer = cls(
             files,
             served_model_name=served_model_name or str(model_dir or "Qwen/Qwen3-0.6B"),
             max_model_len=max_model_len or derived,
@@ -130,6 +131,9 @@ class Renderer:
             cache_bytes=cache_bytes,
             harmony_start_date=harmony_start_date,
         )
+        # Loading peaks at 2-4x what the tokenizers keep: give the difference back.
+        release_freed_heap()
+        return renderer
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -1,0 +1,34 @@
+"""Hands the heap freed by model loading back to the OS (glibc keeps it otherwise).
+
+Parsing a tokenizer.json builds the whole vocabulary, merge list and added-token table two or three
+times over (serde's intermediate maps, the BPE builder, our own spec and tiktoken ranks) and keeps a
+fraction of that. glibc's malloc does not return the freed middle of its heap to the kernel by
+itself, so a process that loaded Gemma 3 (262k vocab) sat at ~430 MB RSS holding ~110 MB of live
+data. ``malloc_trim(0)`` releases those free pages; later allocations simply fault pages back in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import sys
+
+
+def release_freed_heap() -> bool:
+    """Collect garbage and return free heap pages to the OS; False where libc cannot (not glibc)."""
+    gc.collect()
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim  # glibc only: musl and others have no such symbol
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
