@@ -77,6 +77,10 @@ class Admission:
             except TimeoutError:
                 raise Overloaded(503, "No engine slot became free in time; retry later.",
                                  self.retry_after) from None
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self.wake()  # our turn came as we left: pass it on
+                raise
             finally:
                 if fut in self._waiters:
                     self._waiters.remove(fut)

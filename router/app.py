@@ -139,6 +139,12 @@ async def on_overloaded(request: Request, exc: Exception) -> Response:
     return resp
 
 
+async def on_client_left(request: Request, exc: Exception) -> Response:
+    # Nobody reads this answer; the status only marks the request in logs and metrics.
+    request.state.router_metrics.requests.labels(request.url.path, "499").inc()
+    return Response(b"", status_code=499)
+
+
 async def on_engine_error(request: Request, exc: Exception) -> Response:
     resp = error_response(503, f"Engine unavailable: {exc}", "ServiceUnavailable", None)
     resp.headers["retry-after"] = "1"
@@ -274,6 +280,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
     exception_handlers = {
         Overloaded: on_overloaded,
         EngineLinkError: on_engine_error,
+        handlers.ClientLeft: on_client_left,
         **EXCEPTION_HANDLERS,
     }
     app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers)

@@ -137,6 +137,16 @@ class Dispatcher:
                     self.admission.prefilled(engine, uncached // n)
                     self.admission.release(engine)
                 raise BadRequestError(str(exc), "request_id") from exc
+            except asyncio.CancelledError:
+                # The client left while its prompt was queued or prefilling: the engine must
+                # not spend the prefill on nobody, and the slots go back.
+                with contextlib.suppress(EngineLinkError):
+                    await self.client.abort([c.request_id for c in children])
+                self.metrics.aborts.labels("client_disconnect").inc(len(children))
+                for _ in children:
+                    self.admission.prefilled(engine, uncached // n)
+                    self.admission.release(engine)
+                raise
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))

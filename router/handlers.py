@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -19,6 +21,8 @@ from router.dispatch import Routed
 from router.multi_prompt import PipelineGroup, RoutedGroup
 from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from router.respond import EngineResponse
+
+T = TypeVar("T")
 
 # vLLM's detokenizer seeds non-byte-level decoding with the last few prompt tokens.
 PROMPT_TAIL = 6
@@ -63,11 +67,50 @@ async def _open(request: Request, gen: GenerateRequest, spec: PipelineSpec, stre
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
-    routed = await st.dispatcher.open(
+    routed = await _unless_client_leaves(request, st.dispatcher.open(
         gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
-        priority=gen.priority)
+        priority=gen.priority))
     st.router_metrics.prompt_tokens.inc(len(gen.token_ids))
     return EngineResponse(st, routed, spec, decoder, stream)
+
+
+class ClientLeft(Exception):
+    """The client disconnected before its request reached the engine's first token."""
+
+
+async def _unless_client_leaves(request: Request, opening: Awaitable[T]) -> T:
+    """Await the engine's first output, unless the client disconnects first: a request queued
+    in the router or prefilling on an engine is then cancelled, which aborts it on the engine
+    (Dispatcher.open) instead of spending the prefill on nobody."""
+    task = asyncio.ensure_future(opening)
+    left = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((task, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ClientLeft
+    result = task.result()
+    if left.done() and not left.cancelled() and left.exception() is None:
+        # Both finished together: the disconnect message is consumed, so the response would
+        # never see it. Give the engine request back here.
+        placed = [r for r in (result if isinstance(result, list) else [result])
+                  if isinstance(r, Routed)]
+        for routed in placed:
+            await request.state.dispatcher.abort(routed, "client_disconnect")
+            request.state.dispatcher.done(routed)
+        raise ClientLeft
+    return result
+
+
+async def _disconnected(receive: Any) -> None:
+    # The body has been read: the next message is http.disconnect, when the client leaves.
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def chat_completions(request: Request) -> Any:
@@ -125,10 +168,10 @@ async def _answer_prompts(request: Request, gens: list[GenerateRequest],
     response_id = gens[0].request_id.rsplit("-", 1)[0]
     if response_id in st.active or any(g.request_id in st.active for g in gens):
         raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
-    opened = await asyncio.gather(*(
+    opened = await _unless_client_leaves(request, asyncio.gather(*(
         st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
                            cache_salt=g.cache_salt, priority=g.priority)
-        for g in gens), return_exceptions=True)
+        for g in gens), return_exceptions=True))
     parts = [r for r in opened if isinstance(r, Routed)]
     failed = [r for r in opened if isinstance(r, BaseException)]
     if failed:

@@ -219,3 +219,43 @@ def test_engine_joins_at_run_time() -> None:
                 assert resp.status_code == 200
                 seen.add(resp.headers["x-kvroute-route"].split(";")[0])
         assert "engine=late" in seen, seen
+
+
+def test_client_leaving_while_queued_or_prefilling_frees_everything() -> None:
+    # One engine slot; a slow prefill (2 ms/token) so a long prompt stays in prefill a while.
+    opts = ClusterOptions(engines=1, sim={"step_time": 0.01, "prefill_time_per_token": 2e-3},
+                          limits=Limits(max_in_flight_per_engine=1, max_queue=4,
+                                        queue_timeout=60))
+    with LocalCluster(opts) as c:
+        engine = c.names[0]
+        sched = c.threads[engine].engine.scheduler
+        admission = c.state.dispatcher.admission
+        with httpx.Client(base_url=c.base_url, timeout=30) as http:
+            # A prompt whose prefill takes ~2 s; the client gives up after 0.3 s.
+            long_prompt = " ".join(f"w{i}" for i in range(1000))
+            with pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/completions", json={"model": MODEL, "prompt": long_prompt,
+                                                   "max_tokens": 5}, timeout=0.3)
+            # The ABORT reached the engine mid-prefill and the slot came back.
+            eventually(lambda: not sched.requests)
+            eventually(lambda: admission.in_flight(engine) == 0)
+            with http.stream("POST", "/v1/completions", json={
+                    "model": MODEL, "prompt": "hold the slot", "max_tokens": 3000,
+                    "stream": True}) as holder:
+                assert holder.status_code == 200
+                lines = holder.iter_lines()  # kept: a dropped iterator closes the stream
+                next(lines)
+                # Queued behind the holder; the client leaves while it waits for a slot.
+                with pytest.raises(httpx.ReadTimeout):
+                    http.post("/v1/completions", json={"model": MODEL, "prompt": "queued",
+                                                       "max_tokens": 2}, timeout=0.3)
+                eventually(lambda: admission.queued == 0)
+                assert len(sched.requests) == 1  # only the holder ever reached the engine
+        eventually(lambda: admission.in_flight(engine) == 0)
+        # Still serving, and the freed slot is usable.
+        with httpx.Client(base_url=c.base_url, timeout=30) as http:
+            ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "after",
+                                                    "max_tokens": 2})
+            assert ok.status_code == 200, ok.text
+        metrics = httpx.get(f"{c.base_url}/metrics").text
+        assert 'status="499"' in metrics
