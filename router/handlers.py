@@ -20,7 +20,7 @@ from router.config import EngineSpec
 from router.dispatch import Routed
 from router.multi_prompt import PipelineGroup, RoutedGroup
 from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
-from router.respond import EngineResponse
+from router.respond import EngineResponse, client_disconnected
 
 T = TypeVar("T")
 
@@ -83,7 +83,7 @@ async def _unless_client_leaves(request: Request, opening: Awaitable[T]) -> T:
     in the router or prefilling on an engine is then cancelled, which aborts it on the engine
     (Dispatcher.open) instead of spending the prefill on nobody."""
     task = asyncio.ensure_future(opening)
-    left = asyncio.ensure_future(_disconnected(request.receive))
+    left = asyncio.ensure_future(client_disconnected(request.receive))
     try:
         await asyncio.wait((task, left), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -105,12 +105,6 @@ async def _unless_client_leaves(request: Request, opening: Awaitable[T]) -> T:
             request.state.dispatcher.done(routed)
         raise ClientLeft
     return result
-
-
-async def _disconnected(receive: Any) -> None:
-    # The body has been read: the next message is http.disconnect, when the client leaves.
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def chat_completions(request: Request) -> Any:

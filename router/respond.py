@@ -72,7 +72,7 @@ class EngineResponse:
 
     async def _collected(self, pipeline: Pipeline, route: bytes, receive: Any, send: Any) -> str:
         work = asyncio.ensure_future(collect(pipeline, self._outputs(), self._abort_choice))
-        watch = asyncio.ensure_future(_disconnected(receive))
+        watch = asyncio.ensure_future(client_disconnected(receive))
         await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
         watch.cancel()
         if not work.done():
@@ -176,6 +176,7 @@ class EngineResponse:
             m.tpot.observe((now - self.first_token_at) / (tokens - 1))
 
 
-async def _disconnected(receive: Any) -> None:
+async def client_disconnected(receive: Any) -> None:
+    """Returns when the client disconnects (the request body must have been read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
