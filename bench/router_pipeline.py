@@ -69,19 +69,19 @@ def make_frames(requests: int, steps: int, topk: int | None) -> list[bytes]:
 
 # ---------------------------------------------------------------- kvroute
 
-def run_kvroute(frames: list[bytes], requests: int, topk: int | None, fast: bool,
-                numpy_lp: bool = True) -> float:
+def run_kvroute(frames: list[bytes], requests: int, topk: int | None, fast: bool) -> float:
     import msgspec
     from tokenizers import Tokenizer
 
     from router.detokenize import TokenDecoder
-    from router.engine_client import decode_engine_outputs
+    from router.engine_outputs import ReceivedOutputs, decode_engine_outputs
     from router.pipeline import CHAT, Pipeline, PipelineSpec
     from router.sse import SSEEncoder
-    from router.wire import EngineCoreOutputs, ext_hook
+    from router.wire import ext_hook
 
     td = _decoder(TokenDecoder, Tokenizer)
-    dec = msgspec.msgpack.Decoder(EngineCoreOutputs, ext_hook=ext_hook)
+    # As router/engine_client.py decodes outputs (typed logprob arrays, raw scheduler stats).
+    dec = msgspec.msgpack.Decoder(ReceivedOutputs, ext_hook=ext_hook)
     sse = SSEEncoder()
     pipes: dict[str, Any] = {}
     for r in range(requests):
@@ -94,11 +94,8 @@ def run_kvroute(frames: list[bytes], requests: int, topk: int | None, fast: bool
         pipe.start()
     sink = 0
     t0 = time.thread_time()
-    # engine_client.decode_engine_outputs turns logprob arrays into numpy; the alternative
-    # hands the raw [dtype, shape, bytes] arrays to the pipeline (memoryview casts).
-    decode = (lambda p: decode_engine_outputs(dec, [p])) if numpy_lp else dec.decode
     for payload in frames:
-        for out in decode(payload).outputs:
+        for out in decode_engine_outputs(dec, [payload]).outputs:
             chunk, _ = pipes[out.request_id].feed(0, out)
             if chunk is not None:
                 sink += len(sse.event(chunk))
@@ -249,11 +246,10 @@ def main() -> None:
     frames = {name: make_frames(args.requests, args.steps, k) for name, k in cases.items()}
     tokens = args.requests * args.steps
     rows: dict[str, dict[str, list[float]]] = {name: {} for name in cases}
-    impls: dict[str, dict[str, tuple[bool, bool]]] = {
-        "text-only": {"kvroute (byte-level fast path)": (True, True),
-                      "kvroute (DecodeStream)": (False, True)},
-        "top-5 logprobs": {"kvroute, numpy logprobs (engine_client today)": (True, True),
-                           "kvroute, raw-array logprobs (memoryview)": (True, False)},
+    impls: dict[str, dict[str, bool]] = {
+        "text-only": {"kvroute (byte-level fast path)": True, "kvroute (DecodeStream)": False},
+        "top-5 logprobs": {"kvroute (byte-level fast path)": True,
+                           "kvroute (DecodeStream)": False},
     }
     anchor = None
     if not args.no_anchor and VLLM_PY.exists():
@@ -263,9 +259,9 @@ def main() -> None:
         # runs side by side in time are the fair comparison.
         for _ in range(args.repeat):
             for name, k in cases.items():
-                for impl, (fast, numpy_lp) in impls[name].items():
+                for impl, fast in impls[name].items():
                     rows[name].setdefault(impl, []).append(
-                        run_kvroute(frames[name], args.requests, k, fast, numpy_lp))
+                        run_kvroute(frames[name], args.requests, k, fast))
                 if anchor is not None:
                     rows[name].setdefault("vLLM 0.32 frontend (anchor)", []).append(
                         anchor.run(name))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
+
 from router.openai_types import (
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
     ChatLogprobs,
-    ChatLogprobsContent,
     ChatMessage,
     Chunk,
     Completion,
@@ -42,7 +43,7 @@ class _Acc:
         self.text: list[str] = []
         self.reasoning: list[str] | None = None
         self.tools: dict[int, DeltaToolCall] = {}
-        self.chat_lp: list[ChatLogprobsContent] | None = None
+        self.chat_lp: list[bytes] = []  # the JSON of each chunk's entries, brackets stripped
         self.cmpl_lp: CompletionLogprobs | None = None
         self.gen_lp: list[GenerateLogprobsContent] | None = None
         self.ids: list[int] | None = None
@@ -70,8 +71,8 @@ class Collector:
                     a.reasoning = (a.reasoning or []) + [d.reasoning_content]
                 for tc in d.tool_calls or ():
                     _merge_tool_call(a.tools, tc)
-                if c.logprobs is not None and c.logprobs.content is not None:
-                    a.chat_lp = (a.chat_lp or []) + c.logprobs.content
+                if c.logprobs is not None:
+                    _add_chat_logprobs(a.chat_lp, c.logprobs)
                 self._finish(a, c.finish_reason, c.stop_reason, c.token_ids)
         elif isinstance(chunk, Completion):
             for cc in chunk.choices:
@@ -93,8 +94,8 @@ class Collector:
                     a.text.append(g.text)
                 if isinstance(g.logprobs, GenerateLogprobs) and g.logprobs.content is not None:
                     a.gen_lp = (a.gen_lp or []) + g.logprobs.content
-                elif isinstance(g.logprobs, ChatLogprobs) and g.logprobs.content is not None:
-                    a.chat_lp = (a.chat_lp or []) + g.logprobs.content
+                elif isinstance(g.logprobs, ChatLogprobs):
+                    _add_chat_logprobs(a.chat_lp, g.logprobs)
                 self._finish(a, g.finish_reason, g.stop_reason, g.token_ids)
 
     @staticmethod
@@ -115,7 +116,7 @@ class Collector:
                 content = "".join(a.text) if a.any_text or not tools else None
                 msg = ChatMessage("assistant", content,
                                   None if a.reasoning is None else "".join(a.reasoning), tools)
-                lp = ChatLogprobs(a.chat_lp or []) if want_lp else None
+                lp = _chat_logprobs(a.chat_lp) if want_lp else None
                 choices.append(ChatChoice(i, msg, lp, a.finish, a.stop_reason, a.ids))
             return ChatCompletion(id=spec.request_id, created=spec.created, model=spec.model,
                                   choices=choices, usage=usage)
@@ -134,7 +135,7 @@ class Collector:
         for i, a in enumerate(self._acc):
             glp: GenerateLogprobs | ChatLogprobs | None = None
             if want_lp:
-                glp = (ChatLogprobs(a.chat_lp or []) if text_mode
+                glp = (_chat_logprobs(a.chat_lp) if text_mode
                        else GenerateLogprobs(a.gen_lp or []))
             # vLLM's non-stream generate choice defaults finish_reason to "stop".
             gchoices.append(GenerateChoice(i, a.finish or "stop", a.stop_reason, a.ids or [],
@@ -143,6 +144,20 @@ class Collector:
                                 created=spec.created, usage=usage,
                                 prompt_token_ids=spec.prompt_token_ids,
                                 output_mode=spec.output_mode, choices=gchoices)
+
+
+def _add_chat_logprobs(acc: list[bytes], lp: ChatLogprobs) -> None:
+    content = lp.content
+    if content is None:
+        return
+    raw = content if isinstance(content, msgspec.Raw) else msgspec.json.encode(content)
+    items = memoryview(raw)[1:-1].tobytes()  # a JSON list: "[" entries "]"
+    if items:
+        acc.append(items)
+
+
+def _chat_logprobs(acc: list[bytes]) -> ChatLogprobs:
+    return ChatLogprobs(msgspec.Raw(b"[" + b",".join(acc) + b"]"))
 
 
 def _merge_tool_call(tools: dict[int, DeltaToolCall], tc: DeltaToolCall) -> None:

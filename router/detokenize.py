@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from codecs import utf_8_decode as _utf8_decode
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+import msgspec
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
@@ -124,6 +125,25 @@ class ByteLevelDetokenizer:
         return held.decode("utf-8", "replace") if held else ""
 
 
+class TokenJSON(NamedTuple):
+    """One token's parts of a chat logprob entry, exactly as msgspec encodes them.
+
+    A sampled token's entry is ``head + <logprob> + entry_tail``, then its candidates, each
+    ``head + <logprob> + top_tail`` (``top_last`` for the last, closing the entry). ``head``
+    is None when the token alone ends inside a UTF-8 character: its shown text then depends on
+    the preceding tokens.
+    """
+
+    head: bytes | None  # {"token":"...","logprob":
+    top_tail: bytes  # ,"bytes":[...]},
+    top_last: bytes  # ,"bytes":[...]}]}
+    entry_tail: bytes  # ,"bytes":[...],"top_logprobs":[
+
+
+def token_head(text: str) -> bytes:
+    return b'{"token":' + msgspec.json.encode(text) + b',"logprob":'
+
+
 class TokenDecoder:
     """Per-model detokenization state shared by all requests: tables and per-id strings."""
 
@@ -142,8 +162,8 @@ class TokenDecoder:
             self._texts = [_whole_text(b) for b in raw]
             self._texts_no_special = [_whole_text(b) for b in self._no_special]
         self._text_cache: dict[int, str] = {}
-        # Per token id, filled on first use: (text, bytes as ints) for logprobs.
-        self.info_table: list[tuple[str, list[int]] | None] = [None] * size
+        # Per token id, filled on first use: the token's JSON fragments for logprobs.
+        self.json_table: list[TokenJSON | None] = [None] * size
 
     def _byte_table(self, size: int) -> list[bytes]:
         # Mirrors tokenizers' ByteLevel decoder: a piece whose characters all stand for bytes
@@ -187,13 +207,14 @@ class TokenDecoder:
             self._text_cache[token_id] = text
         return text
 
-    def token_info(self, token_id: int) -> tuple[str, list[int]]:
-        """(text, bytes as ints) of one token for logprobs, cached in ``info_table``.
-
-        Callers must not mutate the list: it is shared by every response."""
-        info = (self.token_text(token_id), list(self.token_bytes(token_id)))
-        if 0 <= token_id < len(self.info_table):
-            self.info_table[token_id] = info
+    def token_json(self, token_id: int) -> TokenJSON:
+        """The token's pre-encoded logprob JSON fragments, cached in ``json_table``."""
+        text = self.token_text(token_id)
+        head = None if text[-1:] == "\ufffd" else token_head(text)
+        raw = b',"bytes":' + msgspec.json.encode(list(self.token_bytes(token_id)))
+        info = TokenJSON(head, raw + b"},", raw + b"}]}", raw + b',"top_logprobs":[')
+        if 0 <= token_id < len(self.json_table):
+            self.json_table[token_id] = info
         return info
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -8,26 +8,27 @@ Logprobs are clamped to -9999.0 (NaN too), as vLLM does for JSON. Token strings 
 (a token that is part of a multi-byte character shows "" until the token completing it, which
 shows the character); ``bytes`` are the token's own raw bytes, so they concatenate to the exact
 UTF-8 of the text.
+
+Chat logprobs (6 entries per token at top-5, the costliest part of the stream) are written as
+JSON directly: per token id the encoded text and bytes are cached (``TokenDecoder.token_json``)
+and the logprobs of one output are encoded by one msgspec call, so an entry is a few bytes
+concatenations. The result is exactly what msgspec writes for ``list[ChatLogprobsContent]``
+(tests/test_pipeline_logprobs.py holds it to that).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
-from typing import Any
 
-from router.detokenize import TokenDecoder
-from router.ndarrays import Buffer, Logprobs, NdarrayError, decode_logprobs
-from router.openai_types import (
-    ChatLogprobsContent,
-    ChatTopLogprob,
-    CompletionLogprobs,
-    GenerateLogprob,
-    GenerateLogprobsContent,
-)
+import msgspec
+
+from router.detokenize import TokenDecoder, token_head
+from router.ndarrays import LogprobRows
+from router.openai_types import CompletionLogprobs, GenerateLogprob, GenerateLogprobsContent
 
 FLOOR = -9999.0
+_FLOOR_JSON = msgspec.json.encode(FLOOR)
 # Preceding sampled tokens tried when a token is part of a UTF-8 character (4 bytes at most).
 _CONTEXT = 4
 
@@ -36,71 +37,27 @@ def clamp(lp: float) -> float:
     return FLOOR if math.isnan(lp) else max(lp, FLOOR)
 
 
-Rows = tuple[list[list[int]], list[list[float]], list[int]]
+def _floats(lps: Sequence[float]) -> list[bytes]:
+    """msgspec's JSON text of each logprob, clamped (NaN compares false, so it is clamped too).
 
-# Little-endian vLLM dtype strings -> memoryview format codes (this module assumes a
-# little-endian host, as vLLM's engines are; other hosts take the numpy path).
-_CAST = {"<i4": "i", "<f4": "f", "<i8": "q", "<f8": "d", "<i2": "h", "<f2": "e", "<u4": "I"}
-_LITTLE = sys.byteorder == "little"
-
-
-def _flat(encoded: Any, aux: Sequence[Buffer]) -> tuple[list[Any], list[int]] | None:
-    """An encoded ndarray as a flat Python list without numpy, or None if it needs numpy."""
-    try:
-        dtype, shape, data = encoded
-    except (TypeError, ValueError):
-        return None
-    if isinstance(data, int):
-        if not 0 < data < len(aux):
-            return None
-        data = aux[data]
-    code = _CAST.get(dtype) if _LITTLE else None
-    if code is None or not isinstance(data, bytes | memoryview):
-        return None
-    try:
-        view = memoryview(data)
-        if view.format != "B":
-            view = view.cast("B")
-        return view.cast(code).tolist(), shape  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return None
+    One encode of the whole output and a split: msgspec's float format (e.g. ``-1e-7``) is not
+    ``repr``'s, and one call per number would cost more than the split."""
+    return msgspec.json.encode([x if x > FLOOR else FLOOR for x in lps])[1:-1].split(b",")
 
 
-def _split(flat: list[Any], shape: list[int]) -> list[list[Any]]:
-    if len(shape) != 2:
-        raise NdarrayError(f"logprobs array of shape {shape}, expected 2 dimensions")
-    n, w = shape
-    if n * w != len(flat):
-        raise NdarrayError(f"logprobs array of shape {shape} holds {len(flat)} items")
-    return [flat] if n == 1 else [flat[i : i + w] for i in range(0, n * w, w)]
-
-
-def rows_of(raw: Any, aux: Sequence[Buffer] = ()) -> Rows:
-    """Python rows (token ids, logprobs, sampled ranks) of ``EngineCoreOutput.new_logprobs``,
-    given either as it comes off the wire or already decoded by the engine client."""
-    if not isinstance(raw, Logprobs) and isinstance(raw, list | tuple) and len(raw) >= 3:
-        # Small per-step arrays: a memoryview cast is ~10x cheaper than numpy round trips.
-        fi, fl, fr = _flat(raw[0], aux), _flat(raw[1], aux), _flat(raw[2], aux)
-        if fi is not None and fl is not None and fr is not None:
-            if fi[1] == [1, len(fi[0])] and fl[1] == [1, len(fl[0])]:
-                return [fi[0]], [fl[0]], fr[0]  # one token this step: no row split
-            return _split(*fi), _split(*fl), fr[0]
-    lp = raw if isinstance(raw, Logprobs) else decode_logprobs(raw, aux)
-    ranks = lp.sampled_ranks.reshape(-1).tolist()
-    return lp.token_ids.tolist(), lp.logprobs.tolist(), ranks
-
-
-def _candidates(ids: list[int], lps: list[float], limit: int) -> list[tuple[int, float, int]]:
-    """(token id, logprob, rank) of the first ``limit`` distinct candidates; ``limit < 0``: all."""
+def _candidates(ids: Sequence[int], lps: Sequence[float], base: int, width: int,
+                limit: int) -> list[tuple[int, float, int]]:
+    """(token id, logprob, rank) of row ``base // width``'s first ``limit`` distinct
+    candidates (``limit < 0``: all): the sampled token first, the rest keep their column."""
     out: list[tuple[int, float, int]] = []
-    sampled = ids[0]
-    # The sampled token is entry 0; the rest keep their top-k rank (column index).
-    for col, tid in enumerate(ids):
+    sampled = ids[base]
+    for col in range(width):
         if 0 <= limit <= len(out):
             break
+        tid = ids[base + col]
         if col and tid == sampled:
             continue
-        out.append((tid, lps[col], col))
+        out.append((tid, lps[base + col], col))
     return out
 
 
@@ -151,85 +108,115 @@ class ChoiceLogprobs:
             return full[common:]
         return ""
 
-    def chat(self, token_ids: Sequence[int], rows: Rows | None) -> list[ChatLogprobsContent]:
-        table = self._td.info_table
-        slow = self._td.token_info
+    def _head(self, tid: int) -> bytes:
+        return token_head(self._fix(tid, self._td.token_text(tid)))
+
+    def chat(self, token_ids: Sequence[int], rows: LogprobRows | None) -> msgspec.Raw:
+        """The chat ``logprobs.content`` list of these tokens, as JSON."""
+        td = self._td
+        table = td.json_table
+        size = len(table)
+        info = td.token_json
         limit = self._num
         ctx = self._ctx
-        out = []
+        ids: Sequence[int] = ()
+        fl: list[bytes] = []
+        width = n_rows = 0
+        if rows is not None:
+            ids, width, n_rows = rows.token_ids, rows.width, rows.num_tokens
+            fl = _floats(rows.logprobs)
+        parts: list[bytes] = []
+        add = parts.extend
+        sep = b"["
         for i, tid in enumerate(token_ids):
-            info = table[tid] if 0 <= tid < len(table) else None
-            text, raw = info if info is not None else slow(tid)
-            if text[-1:] == "\ufffd":
-                text = self._fix(tid, text)
-            if rows is None or i >= len(rows[0]):
-                out.append(ChatLogprobsContent(text, FLOOR, raw, []))
-                self._sampled(tid)
-                continue
-            ids, lps = rows[0][i], rows[1][i]
-            # Inlined _candidates (this loop runs k+1 times per token): the sampled token
-            # first, then the top-k without it, at most ``limit`` of them.
-            top: list[ChatTopLogprob] = []
-            left = limit
-            sampled = ids[0]
-            col = 0
-            for t in ids:
-                if not left:
-                    break
-                if col and t == sampled:
-                    col += 1
-                    continue
-                lp = lps[col]
-                col += 1
-                left -= 1
-                tinfo = table[t] if 0 <= t < len(table) else None
-                ttext, traw = tinfo if tinfo is not None else slow(t)
-                # NaN compares false, so it is clamped too.
-                if ttext[-1:] == "\ufffd":
-                    ttext = self._fix(t, ttext)
-                top.append(ChatTopLogprob(ttext, lp if lp > FLOOR else FLOOR, traw))
-            lp0 = lps[0]
-            out.append(ChatLogprobsContent(text, lp0 if lp0 > FLOOR else FLOOR, raw, top))
+            e = table[tid] if 0 <= tid < size else None
+            if e is None:
+                e = info(tid)
+            head = e[0]
+            if head is None:
+                head = self._head(tid)
+            if i >= n_rows:
+                add((sep, head, _FLOOR_JSON, e[3], b"]}"))
+            elif not limit:
+                add((sep, head, fl[i * width], e[3], b"]}"))
+            else:
+                # The candidates: the sampled token (column 0) first, then the top-k without
+                # it, at most ``limit``. Each is written once the next one (or the end) tells
+                # whether its tail closes the entry. This loop runs k+1 times per token.
+                base = i * width
+                f = fl[base]
+                sampled = ids[base]
+                prev = e
+                if sampled == tid:
+                    add((sep, head, f, e[3], head, f))
+                else:  # never from vLLM; kept exact anyway
+                    se = table[sampled] if 0 <= sampled < size else None
+                    prev = se if se is not None else info(sampled)
+                    add((sep, head, f, e[3],
+                         prev[0] if prev[0] is not None else self._head(sampled), f))
+                left = limit - 1
+                for col in range(base + 1, base + width):
+                    if not left:
+                        break
+                    t = ids[col]
+                    if t == sampled:
+                        continue
+                    left -= 1
+                    te = table[t] if 0 <= t < size else None
+                    if te is None:
+                        te = info(t)
+                    h = te[0]
+                    add((prev[1], h if h is not None else self._head(t), fl[col]))
+                    prev = te
+                parts.append(prev[2])
+            sep = b","
             ctx.append(tid)
             if len(ctx) > _CONTEXT:
                 del ctx[0]
-        return out
+        parts.append(b"]" if parts else b"[]")
+        return msgspec.Raw(b"".join(parts))
 
-    def completion(self, token_ids: Sequence[int], rows: Rows | None) -> CompletionLogprobs:
+    def completion(self, token_ids: Sequence[int], rows: LogprobRows | None) -> CompletionLogprobs:
         text = self._td.token_text
         res = CompletionLogprobs([], [], [], [])
         limit = -1 if self._num < 0 else self._num + 1
         fix = self._fix
+        n_rows = 0 if rows is None else rows.num_tokens
         for i, tid in enumerate(token_ids):
             tok = fix(tid, text(tid))
             res.tokens.append(tok)
             res.text_offset.append(self._offset)
             self._offset += len(tok)
-            if rows is None or i >= len(rows[0]):
+            if rows is None or i >= n_rows:
                 res.token_logprobs.append(None)
                 res.top_logprobs.append(None)
                 self._sampled(tid)
                 continue
-            ids, lps = rows[0][i], rows[1][i]
-            res.token_logprobs.append(clamp(lps[0]))
-            top = _candidates(ids, lps, limit)
+            ids, lps, width = rows.token_ids, rows.logprobs, rows.width
+            base = i * width
+            res.token_logprobs.append(clamp(lps[base]))
+            top = _candidates(ids, lps, base, width, limit)
             res.top_logprobs.append({fix(t, text(t)): clamp(lp) for t, lp, _ in top})
             self._sampled(tid)
         return res
 
     def generate(
-        self, token_ids: Sequence[int], rows: Rows | None
+        self, token_ids: Sequence[int], rows: LogprobRows | None
     ) -> list[GenerateLogprobsContent]:
         out = []
         limit = -1 if self._num < 0 else max(self._num, 1)
+        n_rows = 0 if rows is None else rows.num_tokens
         for i, tid in enumerate(token_ids):
-            if rows is None or i >= len(rows[0]):
+            if rows is None or i >= n_rows:
                 out.append(GenerateLogprobsContent(tid, FLOOR))
                 continue
-            ids, lps, rank = rows[0][i], rows[1][i], rows[2][i]
+            width = rows.width
+            base = i * width
+            lps = rows.logprobs
+            rank = rows.sampled_ranks[i]
             top = [
                 GenerateLogprob(t, clamp(lp), (rank if col == 0 else col) or None)
-                for t, lp, col in _candidates(ids, lps, limit)
+                for t, lp, col in _candidates(rows.token_ids, lps, base, width, limit)
             ]
-            out.append(GenerateLogprobsContent(tid, clamp(lps[0]), rank or None, top))
+            out.append(GenerateLogprobsContent(tid, clamp(lps[base]), rank or None, top))
         return out

@@ -8,9 +8,13 @@ frames that follow the msgpack payload. Logprobs travel this way as ``LogprobsLi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from math import prod
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -51,8 +55,6 @@ def decode_ndarray(encoded: Any, aux: Sequence[Buffer] = ()) -> npt.NDArray[Any]
 
 def encode_ndarray(arr: npt.NDArray[Any], aux: list[Buffer]) -> tuple[Any, ...]:
     """Encode as vLLM does; ``aux`` starts with a placeholder for the payload frame."""
-    import msgspec
-
     arr = np.ascontiguousarray(arr)
     if not arr.shape or arr.nbytes < INLINE_THRESHOLD:
         return (arr.dtype.str, arr.shape, msgspec.msgpack.Ext(3, arr.tobytes()))
@@ -80,3 +82,98 @@ def decode_logprobs(encoded: Any, aux: Sequence[Buffer] = ()) -> Logprobs:
         decode_ndarray(encoded[2], aux),
         None if cu is None else list(cu),
     )
+
+
+# ---- the receive path: logprob arrays straight to Python numbers, no numpy ----
+
+
+class WireArray(msgspec.Struct, array_like=True, gc=False):
+    """One encoded ndarray as the output decoder reads it (typed, so no ext_hook call)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: msgspec.msgpack.Ext | int
+
+
+class WireLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """vLLM's ``LogprobsLists`` NamedTuple on the wire."""
+
+    token_ids: WireArray
+    logprobs: WireArray
+    sampled_ranks: WireArray
+    cu_num_generated_tokens: list[int] | None = None
+
+
+class LogprobRows(NamedTuple):
+    """An output's logprobs as Python numbers; row ``i`` (generated token i) is
+    ``token_ids[i * width : (i + 1) * width]``, column 0 the sampled token, then the top-k."""
+
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    sampled_ranks: Sequence[int]
+    width: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) // self.width if self.width else len(self.sampled_ranks)
+
+
+# vLLM dtype strings -> struct codes. struct's "<" reads little-endian on any host.
+_STRUCT_CODES = {"<i4": "i", "<f4": "f", "<i8": "q", "<f8": "d", "<i2": "h", "<f2": "e",
+                 "<u4": "I", "<u8": "Q", "|i1": "b", "|u1": "B"}
+
+
+@lru_cache(maxsize=256)
+def _unpacker(dtype: str, count: int) -> Callable[[Buffer], tuple[Any, ...]]:
+    # One compiled struct per (dtype, length): a per-step logprob row is 1 x (k+1) of a few
+    # dtypes, so the cache stays tiny; unpack is one C call (numpy costs ~1 µs per array).
+    return struct.Struct(f"<{count}{_STRUCT_CODES[dtype]}").unpack
+
+
+def _buffer(data: msgspec.msgpack.Ext | int, aux: Sequence[Buffer]) -> Any:
+    if isinstance(data, int):
+        # aux[0] is the msgpack payload itself; vLLM's indices count it.
+        if not 0 < data < len(aux):
+            raise NdarrayError(f"aux frame {data} missing ({len(aux)} frames)")
+        return aux[data]
+    if data.code != 3:
+        raise NdarrayError(f"refusing msgpack ext type {data.code} (pickle-based in vLLM)")
+    return data.data
+
+
+def rows_from_wire(w: WireLogprobs, aux: Sequence[Buffer] = ()) -> LogprobRows:
+    """``EngineCoreOutput.new_logprobs`` as decoded from the wire -> ``LogprobRows``."""
+    ids, lps, ranks = w.token_ids, w.logprobs, w.sampled_ranks
+    shape = ids.shape
+    try:
+        n, width = shape
+        if lps.shape != shape or prod(ranks.shape) != n:
+            raise ValueError("mismatched shapes")
+        count = n * width
+        return LogprobRows(_unpacker(ids.dtype, count)(_buffer(ids.data, aux)),
+                           _unpacker(lps.dtype, count)(_buffer(lps.data, aux)),
+                           _unpacker(ranks.dtype, n)(_buffer(ranks.data, aux)), width)
+    except (ValueError, KeyError, struct.error) as e:
+        if isinstance(e, NdarrayError):
+            raise
+        raise NdarrayError(f"bad logprobs arrays {ids.dtype!r} {shape!r}, {lps.dtype!r} "
+                           f"{lps.shape!r}, {ranks.dtype!r} {ranks.shape!r}: {e}") from e
+
+
+def rows_from_numpy(lp: Logprobs) -> LogprobRows:
+    ids = lp.token_ids
+    if ids.ndim != 2 or lp.logprobs.shape != ids.shape:
+        raise NdarrayError(f"logprobs arrays of shapes {ids.shape}, {lp.logprobs.shape}")
+    return LogprobRows(ids.reshape(-1).tolist(), lp.logprobs.reshape(-1).tolist(),
+                       lp.sampled_ranks.reshape(-1).tolist(), ids.shape[1])
+
+
+def rows_of(raw: Any, aux: Sequence[Buffer] = ()) -> LogprobRows:
+    """``EngineCoreOutput.new_logprobs`` in any form it reaches the pipeline -> ``LogprobRows``:
+    already converted by the engine client (the hot path), typed wire arrays, the untyped
+    ``[dtype, shape, data]`` lists of a plain decoder, or numpy ``Logprobs``."""
+    if isinstance(raw, LogprobRows):
+        return raw
+    if isinstance(raw, WireLogprobs):
+        return rows_from_wire(raw, aux)
+    return rows_from_numpy(raw if isinstance(raw, Logprobs) else decode_logprobs(raw, aux))

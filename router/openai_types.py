@@ -42,7 +42,9 @@ class ChatLogprobsContent(msgspec.Struct, gc=False):
 
 
 class ChatLogprobs(msgspec.Struct, gc=False):
-    content: list[ChatLogprobsContent] | None
+    # The pipeline writes the list as JSON (router/logprobs.py); the Struct types above are
+    # its schema, e.g. for decoding it back.
+    content: msgspec.Raw | list[ChatLogprobsContent] | None
 
 
 class CompletionLogprobs(msgspec.Struct, gc=False):

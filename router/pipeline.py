@@ -18,7 +18,8 @@ from typing import NamedTuple, Protocol
 import msgspec
 
 from router.detokenize import Detokenizer, TokenDecoder
-from router.logprobs import ChoiceLogprobs, rows_of
+from router.logprobs import ChoiceLogprobs
+from router.ndarrays import LogprobRows, rows_of
 from router.openai_types import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -134,9 +135,12 @@ class Pipeline:
         # Token ids alone justify a chunk when the client sees them (logprobs, ids, generate).
         self._ids_matter = (spec.logprobs is not None or spec.return_token_ids
                             or spec.kind == GENERATE)
-        # Plain chat (no parser, logprobs, usage or ids per chunk) has a per-token fast path.
-        self._fast = (spec.kind == CHAT and detok and parsers is None and spec.logprobs is None
-                      and not spec.continuous_usage and not spec.return_token_ids)
+        # Plain chat (no parser, usage or ids per chunk) has a per-token fast path, with
+        # logprobs or without.
+        plain = (spec.kind == CHAT and detok and parsers is None and not spec.continuous_usage
+                 and not spec.return_token_ids)
+        self._fast = plain and spec.logprobs is None
+        self._fast_lp = plain and spec.logprobs is not None
 
     @property
     def done(self) -> bool:
@@ -213,7 +217,33 @@ class Pipeline:
             spec = self.spec
             return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
                 ChatChunkChoice(index, ChatDelta(None, text), None, None)]), False
+        if (self._fast_lp and len(ids) == 1 and not choice.fresh and out.finish_reason is None
+                and out.error is None and not choice.finished):
+            return self._feed_one_lp(choice, index, out)
         return self._feed(choice, index, out)
+
+    def _feed_one_lp(self, choice: _Choice, index: int, out: EngineCoreOutput
+                     ) -> tuple[Chunk | None, bool]:
+        """``_feed`` for one token of a plain chat stream with logprobs, mid-way: same chunk."""
+        ids = out.new_token_ids
+        text = choice.step(ids[0])  # type: ignore[misc]
+        finish: str | None = None
+        stop_reason = out.stop_reason
+        abort = False
+        if choice.push is not None:
+            text, match = choice.push(text)
+            if match is not None:
+                if match.num_tokens_kept < 1:
+                    ids = ids[: match.num_tokens_kept]
+                finish, stop_reason, abort = "stop", match.stop, True
+                choice.finished = True
+        choice.tokens += len(ids)
+        lp = choice.logprobs.chat(  # type: ignore[union-attr]
+            ids, None if out.new_logprobs is None else rows_of(out.new_logprobs))
+        spec = self.spec
+        return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+            ChatChunkChoice(index, ChatDelta(None, text), ChatLogprobs(lp), finish,
+                            stop_reason)]), abort
 
     def _feed(self, choice: _Choice, index: int, out: EngineCoreOutput
               ) -> tuple[Chunk | None, bool]:
@@ -335,7 +365,7 @@ class Pipeline:
                                 choices=[gen], usage=usage)
 
 
-def _rows(out: EngineCoreOutput) -> tuple[list[list[int]], list[list[float]], list[int]] | None:
+def _rows(out: EngineCoreOutput) -> LogprobRows | None:
     return None if out.new_logprobs is None else rows_of(out.new_logprobs)
 
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from tokenizers import Tokenizer
 
@@ -19,7 +20,7 @@ from render.sampling import OUTPUT_DELTA, SamplingParams
 from router.collect import collect
 from router.detokenize import TokenDecoder
 from router.engine_client import EngineClient
-from router.openai_types import ChatCompletion
+from router.openai_types import ChatCompletion, ChatLogprobsContent
 from router.pipeline import CHAT, Pipeline, PipelineSpec, merge
 from router.wire import EngineCoreOutput, EngineCoreRequest
 from tests.engines import EngineProc
@@ -105,8 +106,10 @@ async def test_real_vllm_logprobs_in_chat_shape(link: EngineClient, engine: Engi
         pytest.skip("the simulated engine sends no logprobs")
     body, seen = await _run(link, engine, decoder, _request(PROMPT, 8, logprobs=3), logprobs=3)
     lp = body.choices[0].logprobs
-    assert lp is not None and lp.content is not None and len(lp.content) == 8
-    for tid, entry in zip(seen, lp.content, strict=True):
+    assert lp is not None and lp.content is not None
+    content = msgspec.json.decode(msgspec.json.encode(lp.content), type=list[ChatLogprobsContent])
+    assert len(content) == 8
+    for tid, entry in zip(seen, content, strict=True):
         # vLLM's strings: a token inside a split UTF-8 character reads "" or the character.
         alone = decoder.token_text(tid)
         assert entry.token == alone or alone.endswith("\ufffd")

@@ -12,7 +12,14 @@ from tokenizers import Tokenizer
 
 from router.detokenize import TokenDecoder
 from router.ndarrays import encode_ndarray
-from router.openai_types import ChatCompletionChunk, Completion, GenerateLogprobs, GenerateResponse
+from router.openai_types import (
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChatLogprobsContent,
+    Completion,
+    GenerateLogprobs,
+    GenerateResponse,
+)
 from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from router.wire import EngineCoreOutput, EngineCoreOutputs, enc_hook, ext_hook
 
@@ -42,6 +49,12 @@ def _output(sampled: list[int], top: list[list[int]], lps: list[list[float]],
     return EngineCoreOutput("r", sampled, new_logprobs=raw, finish_reason=finish)
 
 
+def _content(lp: ChatLogprobs | None) -> list[ChatLogprobsContent]:
+    """The chat logprobs the pipeline wrote as JSON, decoded against their schema."""
+    assert lp is not None and lp.content is not None
+    return msgspec.json.decode(msgspec.json.encode(lp.content), type=list[ChatLogprobsContent])
+
+
 def _spec(kind: str, k: int, **kw: object) -> PipelineSpec:
     return PipelineSpec(kind=kind, request_id="r", model="m", created=0, prompt_tokens=3,
                         logprobs=k, **kw)  # type: ignore[arg-type]
@@ -54,9 +67,9 @@ def test_chat_logprobs_shape(decoder: TokenDecoder) -> None:
     p = Pipeline(_spec(CHAT, 2), decoder)
     chunk, _ = p.feed(0, _wire([out])[0])
     assert isinstance(chunk, ChatCompletionChunk)
-    lp = chunk.choices[0].logprobs
-    assert lp is not None and lp.content is not None and len(lp.content) == 2
-    first, second = lp.content
+    content = _content(chunk.choices[0].logprobs)
+    assert len(content) == 2
+    first, second = content
     assert (first.token, first.bytes) == ("Hello", list(b"Hello"))
     assert math.isclose(first.logprob, -0.1, rel_tol=1e-6)
     assert [t.token for t in first.top_logprobs] == ["Hello", "!"]
@@ -112,11 +125,11 @@ def test_logprobs_trimmed_with_tokens_after_a_stop_string(decoder: TokenDecoder)
     assert isinstance(chunk, ChatCompletionChunk)
     c = chunk.choices[0]
     assert c.delta.content == "alpha" and c.finish_reason == "stop" and c.stop_reason == " STOP"
-    assert c.logprobs is not None and c.logprobs.content is not None
+    content = _content(c.logprobs)
     # Tokens up to the one completing the stop string keep their logprobs; the rest are dropped.
-    kept = [e.token for e in c.logprobs.content]
+    kept = [e.token for e in content]
     assert "".join(kept) == "alpha STOP"
-    assert all(e.top_logprobs == [] for e in c.logprobs.content)  # top_logprobs=0
+    assert all(e.top_logprobs == [] for e in content)  # top_logprobs=0
     assert p.usage().completion_tokens == len(kept)
 
 
@@ -128,13 +141,12 @@ def test_split_character_tokens_read_like_vllm(decoder: TokenDecoder) -> None:
     out = _output(ids, [[t] for t in ids], [[-0.5, -0.5]] * len(ids), [1] * len(ids))
     chunk, _ = Pipeline(_spec(CHAT, 1), decoder).feed(0, _wire([out])[0])
     assert isinstance(chunk, ChatCompletionChunk) and chunk.choices[0].delta.content == "Hi日!"
-    lp = chunk.choices[0].logprobs
-    assert lp is not None and lp.content is not None
+    content = _content(chunk.choices[0].logprobs)
     # As vLLM shows them: "" for the leading bytes, the character on the byte completing it;
     # the raw bytes still concatenate to the exact UTF-8.
-    assert [e.token for e in lp.content] == ["Hi", "", "", "日", "!"]
-    assert b"".join(bytes(e.bytes or []) for e in lp.content) == "Hi日!".encode()
-    assert lp.content[3].top_logprobs[0].token == "日"
+    assert [e.token for e in content] == ["Hi", "", "", "日", "!"]
+    assert b"".join(bytes(e.bytes or []) for e in content) == "Hi日!".encode()
+    assert content[3].top_logprobs[0].token == "日"
     comp, _ = Pipeline(_spec(COMPLETION, 0), decoder).feed(0, _wire([_output(
         ids, [[t] for t in ids], [[-0.5, -0.5]] * len(ids), [1] * len(ids))])[0])
     assert isinstance(comp, Completion)

@@ -15,7 +15,8 @@ import pytest
 
 from render.sampling import SamplingParams
 from router.engine_client import decode_engine_outputs
-from router.ndarrays import Logprobs
+from router.engine_outputs import ReceivedOutputs
+from router.ndarrays import LogprobRows, Logprobs
 from router.wire import (
     AllBlocksCleared,
     BlockRemoved,
@@ -32,6 +33,8 @@ from router.wire import (
 GOLDEN = json.loads((Path(__file__).parent / "data" / "wire_golden.json").read_text())
 ENCODER = msgspec.msgpack.Encoder(enc_hook=enc_hook)
 OUT_DECODER = msgspec.msgpack.Decoder(EngineCoreOutputs, ext_hook=ext_hook)
+# The engine client's own decoder: typed logprob arrays, raw scheduler stats.
+RECEIVED_DECODER = msgspec.msgpack.Decoder(ReceivedOutputs, ext_hook=ext_hook)
 KV_DECODER = msgspec.msgpack.Decoder(KVEventBatch, ext_hook=ext_hook)
 
 
@@ -109,10 +112,13 @@ def _frames(case: dict[str, Any]) -> list[bytes]:
 
 
 def _check_logprobs(lp: Any, expect: dict[str, Any]) -> None:
-    assert isinstance(lp, Logprobs)
-    assert lp.token_ids.tolist() == expect["logprob_ids"]
-    np.testing.assert_array_equal(lp.logprobs, np.array(expect["logprobs"], dtype=np.float32))
-    assert lp.sampled_ranks.tolist() == expect["ranks"]
+    assert isinstance(lp, LogprobRows)
+    w = lp.width
+    ids = [list(lp.token_ids[i : i + w]) for i in range(0, len(lp.token_ids), w)]
+    assert ids == expect["logprob_ids"]
+    np.testing.assert_array_equal(np.array(lp.logprobs, dtype=np.float32).reshape(-1, w),
+                                  np.array(expect["logprobs"], dtype=np.float32))
+    assert list(lp.sampled_ranks) == expect["ranks"]
 
 
 @pytest.mark.parametrize("case", by_name("outputs"))
@@ -126,6 +132,8 @@ def test_outputs_decode(case: dict[str, Any]) -> None:
         assert [o.new_token_ids for o in outs.outputs] == expect["tokens"]
     if "logprob_ids" in expect:
         _check_logprobs(outs.outputs[0].new_logprobs, expect)
+        received = decode_engine_outputs(RECEIVED_DECODER, _frames(case))
+        _check_logprobs(received.outputs[0].new_logprobs, expect)
     if "prompt_logprob_ids" in expect:
         plp = outs.outputs[0].new_prompt_logprobs_tensors
         assert isinstance(plp, Logprobs)
