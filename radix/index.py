@@ -1,16 +1,18 @@
 """PrefixIndex: which engine holds which token-block prefix, fed by the engines' own KV events.
 
 Layout (memory is the constraint: millions of blocks, <= 200 bytes each):
-- ``_nodes``: one dict, chained block key -> ``engine_mask << SEQ_BITS | seq``.  A block is one
+- ``_nodes``: one dict, chained block key -> ``engine_mask << SEQ_BITS | run``.  A block is one
   key whatever engines hold it; the engines are bits, so a prompt is matched against every engine
   in one walk over its blocks: O(len / block_size + engines), not O(engines x len).
 - per engine, ``hashes``: its opaque block hash -> our key (the same int object as the node key),
   which is how removals and parent hashes are resolved.  vLLM's hash functions are never
-  reproduced: keys are our own xxh3 chain over the token ids the events carry.
-- ``seq`` is a logical clock: each store or match takes the next value and stamps every block it
-  stores or matches with it.  Blocks with the same mask and stamp share one int object, so the
-  value costs nothing per block.  When the index outgrows ``max_blocks``, the oldest stamps go
-  first (least recently matched), whole stamps at a time, down to a low-water mark.
+  reproduced: keys are our own keyed chain over the token ids the events carry (radix/keys.py),
+  secret to this index.
+- ``seq`` is a logical clock: each store or match takes the next value.  A store's blocks take it
+  as their run id; blocks with the same mask and run share one int object, so the value costs
+  nothing per block.  A match stamps the runs it reaches (``_last``, radix/stamps.py).  When the
+  index outgrows ``max_blocks``, the runs with the oldest stamps go first (least recently
+  matched), whole stamps at a time, down to a low-water mark.
 """
 
 from __future__ import annotations
@@ -21,10 +23,19 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import Any, NamedTuple
 
-from radix.keys import KEY_MASK, block_keys, block_keys_with_extras, root_key, token_bytes
+from radix.keys import KEY_MASK, KeySpace, token_array
 from radix.optimistic import Optimistic
 from radix.prompt import PromptKeys
-from radix.stamps import SEQ_BITS, SEQ_MASK, evict_oldest, renew, renumber
+from radix.stamps import (
+    SEQ_BITS,
+    SEQ_MASK,
+    Last,
+    evict_oldest,
+    forget_absent,
+    present_runs,
+    renew,
+    renumber,
+)
 from radix.walk import select, walk
 
 # Groups whose cached prefix can be resumed from any block boundary.  Sliding-window, chunked-local
@@ -85,6 +96,7 @@ class PrefixIndex:
         self.low_water = max_blocks - max(1, max_blocks // 8)
         self.stats = IndexStats()
         self._nodes: dict[int, int] = {}
+        self._last: Last = {}  # run -> latest match (radix/stamps.py)
         self._seq = 0
         self._engines: dict[str, _Engine] = {}
         self._by_index: dict[int, _Engine] = {}
@@ -92,6 +104,7 @@ class PrefixIndex:
         self._free: list[int] = []
         self._size_masks: dict[int, int] = {}
         self._optimistic = Optimistic()
+        self._space = KeySpace()
 
     def __len__(self) -> int:
         """Unique cached blocks (held confirmed by at least one engine)."""
@@ -191,7 +204,7 @@ class PrefixIndex:
         if eng.block_size is None:
             self._set_block_size(eng, size)
         if parent_block_hash is None:
-            seed = root_key(size, namespace)
+            seed = self._space.root(size, namespace)
         else:
             parent_key = eng.hashes.get(_norm(parent_block_hash))
             if parent_key is None:
@@ -199,14 +212,14 @@ class PrefixIndex:
                 return 0
             seed = parent_key
         try:
-            buf = token_bytes(token_ids)
+            tokens = token_array(token_ids)
         except (OverflowError, TypeError):
             self.stats.skipped_events += 1
             return 0
         keys = (
-            block_keys(buf, size, seed)
+            self._space.chain(tokens, size, seed)
             if not extra_keys
-            else block_keys_with_extras(buf, size, seed, extra_keys)
+            else self._space.chain_with_extras(tokens, size, seed, extra_keys)
         )
         try:
             hs: list[BlockHash] = [h & KEY_MASK for h in block_hashes]  # type: ignore[operator]
@@ -305,18 +318,24 @@ class PrefixIndex:
     def prepare(self, tokens: Sequence[int], namespace: Hashable) -> PromptKeys:
         """The prompt's block keys, computed lazily and once: pass the result to
         :meth:`match_keys` and :meth:`note_routed_keys` so a routing decision hashes once."""
-        return PromptKeys(tokens, namespace)
+        return PromptKeys(tokens, namespace, self._space)
+
+    def _own(self, prompt: PromptKeys) -> PromptKeys:
+        if prompt.space is not self._space:
+            raise ValueError("PromptKeys from another index: use this index's prepare()")
+        return prompt
 
     def note_routed(
         self, engine: str, tokens: Sequence[int], namespace: Hashable, now: float, ttl: float
     ) -> int:
         """Mark the full blocks of a prompt just routed to ``engine`` as optimistic until
         ``now + ttl``; returns how many blocks were marked (confirmed ones need no mark)."""
-        return self.note_routed_keys(engine, PromptKeys(tokens, namespace), now, ttl)
+        return self.note_routed_keys(engine, self.prepare(tokens, namespace), now, ttl)
 
     def note_routed_keys(self, engine: str, prompt: PromptKeys, now: float, ttl: float) -> int:
         """:meth:`note_routed` for a prompt from :meth:`prepare`."""
         eng = self._engines[engine]
+        self._own(prompt)
         size = eng.block_size
         if size is None:
             return 0
@@ -336,10 +355,11 @@ class PrefixIndex:
     def match(self, tokens: Sequence[int], namespace: Hashable, now: float) -> dict[str, Match]:
         """Per engine, the leading prompt tokens cached: confirmed, and confirmed plus unexpired
         optimistic.  Renews the blocks matched (confirmed) for the LRU."""
-        return self.match_keys(PromptKeys(tokens, namespace), now)
+        return self.match_keys(self.prepare(tokens, namespace), now)
 
     def match_keys(self, prompt: PromptKeys, now: float) -> dict[str, Match]:
         """:meth:`match` for a prompt from :meth:`prepare`."""
+        self._own(prompt)
         self._optimistic.purge(now)
         out = dict.fromkeys(self._engines, NO_MATCH)
         if not self._size_masks:
@@ -354,17 +374,20 @@ class PrefixIndex:
                     if both := mask_o & mask_c:
                         out.update(dict.fromkeys(select(both, self._by_bit),  # type: ignore[arg-type]
                                                  Match(blocks_c * size, blocks_o * size)))
-            if w.keys:
-                renew(self._nodes, w.keys, w.values, self._tick())
+            if w.held:
+                renew(self._last, w.held, self._tick())
+        if len(self._last) > 1024 + len(self._nodes) // 4:
+            # Stamps of runs since removed: a pass over the index per len / 4 new stamps.
+            forget_absent(self._last, present_runs(self._nodes))
         return out
 
     # ---- LRU ----
 
     def _tick(self) -> int:
         if self._seq >= SEQ_MASK:
-            self._seq = renumber(self._nodes)
+            self._seq = renumber(self._nodes, self._last)
         self._seq += 1
         return self._seq
 
     def _evict(self) -> None:
-        self.stats.evicted_blocks += evict_oldest(self._nodes, self.low_water)
+        self.stats.evicted_blocks += evict_oldest(self._nodes, self.low_water, self._last)

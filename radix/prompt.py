@@ -2,35 +2,36 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Sequence
 
-from radix.keys import block_keys, root_key, token_bytes
+from radix.keys import KeySpace, token_array
+
+# The first keys a walk asks for: a prompt nobody holds is decided after hashing this many blocks
+# (in Python, without converting the whole prompt); past them the walk asks for all the rest,
+# which numpy hashes in one pass (a note_routed after the match needs them all anyway).
+HEAD_BLOCKS = 16
 
 
 class PromptKeys:
-    """One prompt in one namespace, as the index sees it: its uint32 bytes and, per block size,
-    the chained keys of its leading blocks.
+    """One prompt in one namespace, as one index sees it: per block size, the chained keys of its
+    leading blocks (see :mod:`radix.keys`).
 
-    Hashing (one xxh3 per block) and the list -> bytes conversion are the whole cost of routing a
-    prompt, so they are done lazily and once: a match that misses early hashes a few blocks, and
-    the ``note_routed`` after it reuses every key the match computed.  Build it with
-    :meth:`radix.PrefixIndex.prepare`; it holds no reference to the index, and the tokens must not
+    Hashing and the list -> uint32 conversion are the whole cost of routing a prompt, so they are
+    done lazily and once: a match that misses early hashes a few blocks, and the ``note_routed``
+    after it reuses every key the match computed.  Build it with
+    :meth:`radix.PrefixIndex.prepare` (the keys are secret to that index); the tokens must not
     change while it is in use.
     """
 
-    __slots__ = ("tokens", "namespace", "_buf", "_keys")
+    __slots__ = ("tokens", "namespace", "space", "_arr", "_keys")
 
-    def __init__(self, tokens: Sequence[int], namespace: Hashable) -> None:
+    def __init__(self, tokens: Sequence[int], namespace: Hashable, space: KeySpace) -> None:
         self.tokens = tokens
         self.namespace = namespace
-        self._buf: bytes | None = None
+        self.space = space
+        self._arr: array[int] | None = None
         self._keys: dict[int, list[int]] = {}
-
-    @property
-    def buf(self) -> bytes:
-        if self._buf is None:
-            self._buf = token_bytes(self.tokens)
-        return self._buf
 
     def blocks(self, block_size: int) -> int:
         """Full blocks of the prompt at this block size."""
@@ -41,7 +42,15 @@ class PromptKeys:
         have = self._keys.get(block_size)
         if have is None:
             have = self._keys[block_size] = []
-        if len(have) < stop:
-            seed = have[-1] if have else root_key(block_size, self.namespace)
-            have += block_keys(self.buf, block_size, seed, len(have), stop)
+        done = len(have)
+        if done < stop:
+            seed = have[-1] if have else self.space.root(block_size, self.namespace)
+            if self._arr is None and stop <= HEAD_BLOCKS:
+                # A short head: convert just its tokens.
+                part = token_array(self.tokens[done * block_size : stop * block_size])
+                have += self.space.chain(part, block_size, seed)
+            else:
+                if self._arr is None:
+                    self._arr = token_array(self.tokens)
+                have += self.space.chain(self._arr, block_size, seed, done, stop)
         return have

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from itertools import compress
-from operator import is_not
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from itertools import compress, groupby
+from operator import itemgetter
+from typing import NamedTuple, cast
 
 from radix.optimistic import Optimistic, mask_of
-from radix.prompt import PromptKeys
+from radix.prompt import HEAD_BLOCKS, PromptKeys
 from radix.stamps import SEQ_BITS
 
 _ONE = ord("1")
@@ -19,13 +19,36 @@ class Walk(NamedTuple):
     # engines of one group share one answer, so nothing below is per engine.
     confirmed: list[tuple[int, int]]  # leading blocks held
     optimistic: list[tuple[int, int]]  # leading blocks held or optimistic
-    keys: list[int]  # the blocks some engine holds confirmed (renewed for the LRU)
-    values: list[int | None]
+    # A value per run of equal values over the blocks some engine holds confirmed: their runs
+    # are renewed for the LRU.
+    held: list[int]
 
 
 def select(mask: int, by_bit: list[str | None]) -> Iterator[str | None]:
     """``by_bit[i]`` for each set bit i of ``mask``, by C-level passes (fleets of 64 engines)."""
     return compress(by_bit, map(_ONE.__eq__, bin(mask)[:1:-1].encode()))
+
+
+def _run_starts(items: Sequence[object]) -> list[int]:
+    """Where each run of equal items starts: ``groupby`` compares neighbours in C (identity
+    first), so a 2,048-block run stored by one event costs no Python-level step per block."""
+    starts, at = [], 0
+    for _, run in groupby(items):
+        starts.append(at)
+        at += len(list(run))
+    return starts
+
+
+def _values(nodes: dict[int, int], keys: list[int], need_all: bool) -> list[int | None]:
+    """``nodes.get`` of each key; without ``need_all``, up to the first key absent (its value
+    None ends every engine's confirmed run, so nothing past it matters)."""
+    if len(keys) > 1:
+        try:
+            return list(itemgetter(*keys)(nodes))  # C-level lookups, cheaper than map(get)
+        except KeyError as missing:
+            if not need_all:
+                return list(map(nodes.get, keys[: keys.index(missing.args[0]) + 1]))
+    return list(map(nodes.get, keys))
 
 
 def walk(
@@ -34,31 +57,28 @@ def walk(
 ) -> Walk:
     """One pass over the prompt's blocks for every engine of this block size: each engine
     leaves the walk at the first block it lacks, so the cost is O(blocks + engines)."""
-    get = nodes.get
     opt = pending if pending else None
     n = prompt.blocks(size)
     alive_c = alive_o = engines_mask
     confirmed: list[tuple[int, int]] = []
     optimistic: list[tuple[int, int]] = []
-    values: list[int | None] = []
+    firsts: list[tuple[int, int | None]] = []  # (block, value) where a run of values starts
     depth, deepest, stopped = 0, None, False
-    chunk = 8
+    stop = min(n, HEAD_BLOCKS)
     while depth < n and not stopped:
-        # Keys in growing chunks: a miss hashes one small chunk, a long hit few C-level calls
-        # (and a note_routed after this match reuses them).
-        stop = min(n, depth + chunk)
+        # Keys of a short head first (a prompt nobody holds is decided there), then all the
+        # rest in one vectorised pass.
         chunk_keys = prompt.keys(size, stop)[depth:stop]
-        chunk_values = list(map(get, chunk_keys))
-        values += chunk_values
-        chunk, m = chunk * 4, len(chunk_keys)
+        chunk_values = _values(nodes, chunk_keys, opt is not None)
+        stop, m = n, len(chunk_values)
         # Only blocks whose holders differ from the block before can change the answer (a run
-        # stored by one event shares one value object, a run routed together one optimistic
-        # holders dict); found by C-level passes.
-        marks = set(compress(range(1, m), map(is_not, chunk_values[1:], chunk_values[:-1])))
-        marks.add(0)
+        # stored by one event shares one value, a run routed together one optimistic holders).
+        runs = _run_starts(chunk_values)
+        firsts += [(depth + i, chunk_values[i]) for i in runs]
+        marks = set(runs)
         if opt is not None:
             holders = list(map(opt.holders, chunk_keys))
-            marks.update(compress(range(1, m), map(is_not, holders[1:], holders[:-1])))
+            marks.update(_run_starts(holders))
         for i in sorted(marks):
             value = chunk_values[i]
             held = 0 if value is None else value >> SEQ_BITS
@@ -84,5 +104,5 @@ def walk(
     if alive_o:
         optimistic.append((depth, alive_o))
     deepest = depth if deepest is None else deepest
-    keys = prompt.keys(size, deepest)[:deepest]
-    return Walk(confirmed, optimistic, keys, values[:deepest])
+    renewed = cast(list[int], [value for i, value in firsts if i < deepest])
+    return Walk(confirmed, optimistic, renewed)

@@ -22,7 +22,8 @@ class Model:
     cap: int
     sizes: dict[str, int]
     nodes: dict[Path, set[str]] = field(default_factory=dict)
-    seq: dict[Path, int] = field(default_factory=dict)
+    seq: dict[Path, int] = field(default_factory=dict)  # the tick of the store that wrote it
+    last: dict[int, int] = field(default_factory=dict)  # store tick -> latest match reaching it
     clock: int = 0
     emap: dict[str, dict[object, Path]] = field(default_factory=dict)
     opt: dict[tuple[str, Path], float] = field(default_factory=dict)
@@ -39,11 +40,21 @@ class Model:
                 del self.nodes[path], self.seq[path]
 
     def stamp(self, paths: list[Path]) -> None:
-        # One store or match is one tick of the clock; all its blocks share the stamp.
+        # One store is one tick of the clock: its blocks are one run, sharing the stamp.
         if paths:
             self.clock += 1
             for path in paths:
                 self.seq[path] = self.clock
+
+    def touch(self, paths: list[Path]) -> None:
+        # One match is one tick: it renews every run it reaches, whole (radix/stamps.py).
+        if paths:
+            self.clock += 1
+            for path in paths:
+                self.last[self.seq[path]] = self.clock
+
+    def recency(self, path: Path) -> int:
+        return self.last.get(self.seq[path], self.seq[path])
 
     def stored(self, engine: str, hashes: list[object], parent: object,
                blocks: list[tuple[int, ...]], namespace: object) -> None:
@@ -69,8 +80,9 @@ class Model:
         self.stamp(paths)
         if len(self.nodes) > self.cap:
             excess = len(self.nodes) - self.low_water
-            cut = sorted(self.seq.values())[excess - 1]  # whole stamps are evicted together
-            for path in [p for p, stamp in self.seq.items() if stamp <= cut]:
+            # Whole stamps are evicted together.
+            cut = sorted(map(self.recency, self.seq))[excess - 1]
+            for path in [p for p in self.seq if self.recency(p) <= cut]:
                 del self.nodes[path], self.seq[path]
 
     def removed(self, engine: str, hashes: list[object]) -> None:
@@ -112,7 +124,7 @@ class Model:
         for size in sorted(set(self.sizes.values())):
             same = [e for e, s in self.sizes.items() if s == size]
             deepest = max(out[e].confirmed_tokens // size for e in same)
-            self.stamp(self.paths(tokens, size, namespace)[:deepest])
+            self.touch(self.paths(tokens, size, namespace)[:deepest])
         return out
 
 
@@ -422,10 +434,30 @@ def test_block_size_conflicts_and_bad_input() -> None:
 
 
 def test_stamp_overflow_renumbers_and_keeps_the_lru_order() -> None:
+    # Runs 900 (renewed at 950), 5 and 77 (renewed at 60, before 77 was even stored: a stale
+    # stamp older than the run, kept as given), and a stamp of a run no longer present.
     nodes = {10: (0b01 << SEQ_BITS) | 900, 11: (0b01 << SEQ_BITS) | 900,
              12: (0b10 << SEQ_BITS) | 5, 13: (0b11 << SEQ_BITS) | 77}
-    assert renumber(nodes) == 3
-    assert nodes == {10: (0b01 << SEQ_BITS) | 3, 11: (0b01 << SEQ_BITS) | 3,
-                     12: (0b10 << SEQ_BITS) | 1, 13: (0b11 << SEQ_BITS) | 2}
+    last = {900: 950, 77: 60, 3: 999}
+    assert renumber(nodes, last) == 5  # ticks 5, 60, 77, 900, 950
+    assert nodes == {10: (0b01 << SEQ_BITS) | 4, 11: (0b01 << SEQ_BITS) | 4,
+                     12: (0b10 << SEQ_BITS) | 1, 13: (0b11 << SEQ_BITS) | 3}
+    assert last == {4: 5, 3: 2}
     assert nodes[10] is nodes[11]  # blocks that shared a value still share one
-    assert evict_oldest(nodes, keep=3) == 1 and 12 not in nodes
+    # Oldest first: run 3 (stamp 2), then run 1 (stamp 1 is older still): both go for 2 blocks.
+    assert evict_oldest(nodes, keep=2, last=last) == 2 and set(nodes) == {10, 11}
+    assert last == {4: 5}
+    assert evict_oldest(nodes, keep=2, last=last) == 0
+
+
+def test_a_match_renews_the_whole_runs_it_reaches() -> None:
+    index = _index(("e", 4), cap=12)  # evicts down to 11
+    index.apply_stored("e", [1, 2, 3, 4], None, T[:16], None, 0.0)  # run A
+    index.apply_stored("e", [5, 6, 7, 8], None, T[32:48], None, 0.0)  # run B
+    index.apply_stored("e", [9, 10, 11, 12], None, T[16:32], None, 0.0)  # run C
+    assert index.match(T[:4], None, 0.0)["e"].confirmed_tokens == 4  # one block of run A
+    index.apply_stored("e", [13], None, T[48:52], None, 0.0)
+    # Run B is the least recently used; run A was renewed whole by a match of its first block.
+    assert index.stats.evicted_blocks == 4
+    assert index.match(T[:16], None, 0.0)["e"].confirmed_tokens == 16
+    assert index.match(T[32:48], None, 0.0)["e"].confirmed_tokens == 0
