@@ -221,9 +221,9 @@ class PrefixIndex:
             if not extra_keys
             else self._space.chain_with_extras(tokens, size, seed, extra_keys)
         )
-        try:
-            hs: list[BlockHash] = [h & KEY_MASK for h in block_hashes]  # type: ignore[operator]
-        except TypeError:  # bytes hashes (older vLLM)
+        # int hashes cut by a C-level pass; bytes (older vLLM) give NotImplemented there.
+        hs: list[BlockHash] = list(map(KEY_MASK.__and__, block_hashes))  # type: ignore[arg-type]
+        if NotImplemented in hs:
             hs = [_norm(h) for h in block_hashes]
         self._optimistic.purge(now)
         nodes, hashes, bit = self._nodes, eng.hashes, eng.bit

@@ -43,6 +43,7 @@ import random
 import sys
 from array import array
 from collections.abc import Hashable, Sequence
+from struct import Struct
 from typing import Any
 
 import numpy as np
@@ -109,7 +110,8 @@ def _random_prime(rng: random.Random, exclude: int = 0) -> int:
 class KeySpace:
     """The secret parameters of one index's keys (see the module docstring), and the chain."""
 
-    __slots__ = ("modulus", "base", "_seed", "_p", "_x0", "_crt", "_digits", "_xpow", "_xinv")
+    __slots__ = ("modulus", "base", "_seed", "_p", "_x0", "_crt", "_digits", "_xpow", "_xinv",
+                 "_splitters")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         rng = rng if rng is not None else random.SystemRandom()
@@ -126,6 +128,7 @@ class KeySpace:
         self._digits: dict[int, U64] = {}  # block size -> (size, 2): 2**(32 j) mod p
         self._xpow: U64 = np.empty((2, 0), dtype=np.uint64)  # x**k, k = 1.. per prime
         self._xinv: U64 = np.empty((2, 0), dtype=np.uint64)  # x**-k
+        self._splitters: dict[int, Struct] = {}  # block size -> cuts a buffer into blocks
 
     def root(self, block_size: int, namespace: Hashable) -> int:
         """The key before block 0, distinct per (block size, namespace) so neither matches across.
@@ -150,8 +153,9 @@ class KeySpace:
             keys = self._chain_numpy(tokens, block_size, seed, first, end)
             if keys is not None:
                 return keys
-        return self._chain_python(tokens[first * block_size : end * block_size].tobytes(),
-                                  block_size, seed)
+        part = tokens if first == 0 and end * block_size == len(tokens) else tokens[
+            first * block_size : end * block_size]
+        return self._chain_python(part.tobytes(), block_size, seed)
 
     def chain_with_extras(self, tokens: array[int], block_size: int, seed: int,
                           extras: Sequence[Any | None]) -> list[int]:
@@ -168,13 +172,17 @@ class KeySpace:
         return out
 
     def _chain_python(self, buf: bytes, block_size: int, seed: int) -> list[int]:
-        step, x, n = block_size * 4, self.base, self.modulus
+        x, n = self.base, self.modulus
         frm = int.from_bytes
         key, out = seed, list[int]()
         append = out.append
-        # A plain loop over locals: a comprehension's walrus would make ``key`` a cell (slower).
-        for o in range(0, len(buf) - step + 1, step):
-            key = (key * x + frm(buf[o : o + step], "little")) % n
+        # A plain loop over locals (a comprehension's walrus would make ``key`` a cell), blocks
+        # cut by struct in C.
+        splitter = self._splitters.get(block_size)
+        if splitter is None:
+            splitter = self._splitters[block_size] = Struct(f"{block_size * 4}s")
+        for (block,) in splitter.iter_unpack(buf):
+            key = (key * x + frm(block, "little")) % n
             append(key)
         return out
 

@@ -7,19 +7,14 @@ from collections.abc import Hashable, Sequence
 
 from radix.keys import KeySpace, token_array
 
-# The first keys a walk asks for: a prompt nobody holds is decided after hashing this many blocks
-# (in Python, without converting the whole prompt); past them the walk asks for all the rest,
-# which numpy hashes in one pass (a note_routed after the match needs them all anyway).
-HEAD_BLOCKS = 16
-
 
 class PromptKeys:
     """One prompt in one namespace, as one index sees it: per block size, the chained keys of its
     leading blocks (see :mod:`radix.keys`).
 
     Hashing and the list -> uint32 conversion are the whole cost of routing a prompt, so they are
-    done lazily and once: a match that misses early hashes a few blocks, and the ``note_routed``
-    after it reuses every key the match computed.  Build it with
+    done lazily and once: per block size as far as asked, and the ``note_routed`` after a match
+    reuses every key the match computed.  Build it with
     :meth:`radix.PrefixIndex.prepare` (the keys are secret to that index); the tokens must not
     change while it is in use.
     """
@@ -45,12 +40,7 @@ class PromptKeys:
         done = len(have)
         if done < stop:
             seed = have[-1] if have else self.space.root(block_size, self.namespace)
-            if self._arr is None and stop <= HEAD_BLOCKS:
-                # A short head: convert just its tokens.
-                part = token_array(self.tokens[done * block_size : stop * block_size])
-                have += self.space.chain(part, block_size, seed)
-            else:
-                if self._arr is None:
-                    self._arr = token_array(self.tokens)
-                have += self.space.chain(self._arr, block_size, seed, done, stop)
+            if self._arr is None:
+                self._arr = token_array(self.tokens)
+            have += self.space.chain(self._arr, block_size, seed, done, stop)
         return have

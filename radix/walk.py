@@ -8,7 +8,7 @@ from operator import itemgetter
 from typing import NamedTuple, cast
 
 from radix.optimistic import Optimistic, mask_of
-from radix.prompt import HEAD_BLOCKS, PromptKeys
+from radix.prompt import PromptKeys
 from radix.stamps import SEQ_BITS
 
 _ONE = ord("1")
@@ -56,53 +56,50 @@ def walk(
     engines_mask: int, now: float
 ) -> Walk:
     """One pass over the prompt's blocks for every engine of this block size: each engine
-    leaves the walk at the first block it lacks, so the cost is O(blocks + engines)."""
+    leaves the walk at the first block it lacks, so the cost is O(blocks + engines).
+
+    All the prompt's keys are hashed at once (vectorised; the note_routed that follows a routing
+    decision needs them all anyway), then looked up by C-level passes that stop at the first
+    block nobody holds when no optimistic entries exist.
+    """
     opt = pending if pending else None
     n = prompt.blocks(size)
+    keys = prompt.keys(size, n)[:n]
+    values = _values(nodes, keys, opt is not None)
     alive_c = alive_o = engines_mask
     confirmed: list[tuple[int, int]] = []
     optimistic: list[tuple[int, int]] = []
-    firsts: list[tuple[int, int | None]] = []  # (block, value) where a run of values starts
-    depth, deepest, stopped = 0, None, False
-    stop = min(n, HEAD_BLOCKS)
-    while depth < n and not stopped:
-        # Keys of a short head first (a prompt nobody holds is decided there), then all the
-        # rest in one vectorised pass.
-        chunk_keys = prompt.keys(size, stop)[depth:stop]
-        chunk_values = _values(nodes, chunk_keys, opt is not None)
-        stop, m = n, len(chunk_values)
-        # Only blocks whose holders differ from the block before can change the answer (a run
-        # stored by one event shares one value, a run routed together one optimistic holders).
-        runs = _run_starts(chunk_values)
-        firsts += [(depth + i, chunk_values[i]) for i in runs]
-        marks = set(runs)
-        if opt is not None:
-            holders = list(map(opt.holders, chunk_keys))
-            marks.update(_run_starts(holders))
-        for i in sorted(marks):
-            value = chunk_values[i]
-            held = 0 if value is None else value >> SEQ_BITS
-            still_c = alive_c & held
-            if still_c != alive_c:
-                confirmed.append((depth + i, alive_c ^ still_c))
-                alive_c = still_c
-                if not alive_c and deepest is None:
-                    deepest = depth + i
-            if opt is not None and (pending_here := holders[i]):
-                held |= mask_of(pending_here, now)
-            still_o = alive_o & held
-            if still_o != alive_o:
-                optimistic.append((depth + i, alive_o ^ still_o))
-                alive_o = still_o
-                if not alive_o:
-                    stopped = True
-                    break
-        if not stopped:
-            depth += m
+    deepest = None
+    # Only blocks whose holders differ from the block before can change the answer (a run
+    # stored by one event shares one value, a run routed together one optimistic holders).
+    runs = _run_starts(values)
+    marks = set(runs)
+    if opt is not None:
+        holders = list(map(opt.holders, keys))
+        marks.update(_run_starts(holders))
+    depth = len(values)
+    for i in sorted(marks):
+        value = values[i]
+        held = 0 if value is None else value >> SEQ_BITS
+        still_c = alive_c & held
+        if still_c != alive_c:
+            confirmed.append((i, alive_c ^ still_c))
+            alive_c = still_c
+            if not alive_c and deepest is None:
+                deepest = i
+        if opt is not None and (pending_here := holders[i]):
+            held |= mask_of(pending_here, now)
+        still_o = alive_o & held
+        if still_o != alive_o:
+            optimistic.append((i, alive_o ^ still_o))
+            alive_o = still_o
+            if not alive_o:
+                depth = i
+                break
     if alive_c:
         confirmed.append((depth, alive_c))
     if alive_o:
         optimistic.append((depth, alive_o))
     deepest = depth if deepest is None else deepest
-    renewed = cast(list[int], [value for i, value in firsts if i < deepest])
+    renewed = cast(list[int], [values[i] for i in runs if i < deepest])
     return Walk(confirmed, optimistic, renewed)
