@@ -23,7 +23,7 @@ import tokenizers
 
 # Text that exercises the regex branches (contractions, digits, punctuation runs, newlines,
 # whitespace before non-space, CJK, emoji, combining marks) for the self-check.
-_PROBES = (
+PROBES = (
     "Hello world! It's 2024; we'll see—I'd say 1234567 items, they're OK.\n\n  indented\ttab",
     "你好，世界！今日は良い天気ですね。안녕하세요 🌏🚀😀 👨‍👩‍👧‍👦 — ok?",
     "café naïve résumé e\u0301 Ω≈ç√ ﬁ ½ ¼ x²",
@@ -117,5 +117,5 @@ def build(tok: tokenizers.Tokenizer) -> Callable[[Sequence[str]], list[list[int]
             out.append(enc.encode_ordinary(p))
         return out
 
-    reference = [e.ids for e in tok.encode_batch_fast(list(_PROBES), add_special_tokens=False)]
-    return encode if encode(_PROBES) == reference else None
+    reference = [e.ids for e in tok.encode_batch_fast(list(PROBES), add_special_tokens=False)]
+    return encode if encode(PROBES) == reference else None

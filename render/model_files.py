@@ -93,6 +93,7 @@ class ModelFiles:
     chat_templates: dict[str, str]
     special_tokens: dict[str, str] = field(default_factory=dict)
     tekken_path: Path | None = None
+    tokenizer_file: Path | None = None
 
     def chat_template(self, with_tools: bool) -> str | None:
         if with_tools and "tool_use" in self.chat_templates:
@@ -178,4 +179,5 @@ def load_model_files(
         chat_templates=templates,
         special_tokens=specials,
         tekken_path=tekken if mistral_format else None,
+        tokenizer_file=tok_file,
     )

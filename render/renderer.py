@@ -15,6 +15,8 @@ import tokenizers
 from msgspec import UNSET
 
 from render.errors import BadRequestError, ContextLengthError, TemplateUnavailableError
+from render.fast_tokens import FastTokens
+from render.fast_tokens import build as build_fast_tokens
 from render.memory import release_freed_heap
 from render.messages import normalize_messages, tool_dicts
 from render.model_files import ModelFiles, derive_max_model_len, load_model_files
@@ -75,13 +77,24 @@ class Renderer:
         allow_request_chat_template: bool,
         cache_bytes: int,
         harmony_start_date: str | None,
+        fast_tokenizer: bool = True,
     ) -> None:
         self.files = files
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.allow_request_chat_template = allow_request_chat_template
         self.tokenizer: tokenizers.Tokenizer = files.tokenizer
-        self.pieces = PieceCache(files.tokenizer, cache_bytes, files.tokenizer_spec)
+        # fastokens encodes when it provably equals the HF tokenizer, for the families whose
+        # chats it tokenizes. Harmony (gpt-oss) and mistral-common (tekken) encode their chats
+        # with their own copy of the vocabulary: a third one (~100 MB) would break the 300 MB
+        # budget for the odd completion prompt, which the piece cache serves.
+        self.fast: FastTokens | None = None
+        own_chat_encoder = files.tekken_path is not None or files.model_type == "gpt_oss"
+        if fast_tokenizer and not own_chat_encoder and files.tokenizer_file is not None:
+            self.fast = build_fast_tokens(files.tokenizer_file, files.tokenizer, cache_bytes)
+        self.pieces = PieceCache(
+            files.tokenizer, cache_bytes, files.tokenizer_spec, tiktoken=self.fast is None
+        )
         self._templates = TemplateCache()
         self.generation_config = files.generation_config
         self.default_sampling = default_sampling_params(files.generation_config)
@@ -111,9 +124,11 @@ class Renderer:
         allow_request_chat_template: bool = False,
         cache_bytes: int = 64 << 20,
         harmony_start_date: str | None = None,
+        fast_tokenizer: bool = True,
     ) -> Renderer:
         """Load a local HF model directory (default: the embedded Qwen3). ``chat_template`` is
-        the template text or a path to a file holding it."""
+        the template text or a path to a file holding it. ``fast_tokenizer=False`` keeps
+        encoding on the piece cache (HF tokenizers / tiktoken) even where fastokens verifies."""
         path = Path(model_dir) if model_dir is not None else _bundled_default()
         if chat_template is not None and Path(chat_template).is_file():
             chat_template = Path(chat_template).read_text(encoding="utf-8")
@@ -130,6 +145,7 @@ class Renderer:
             allow_request_chat_template=allow_request_chat_template,
             cache_bytes=cache_bytes,
             harmony_start_date=harmony_start_date,
+            fast_tokenizer=fast_tokenizer,
         )
         # Loading peaks at 2-4x what the tokenizers keep: give the difference back.
         release_freed_heap()
@@ -159,7 +175,7 @@ class Renderer:
         """Exactly the engine frontend's ``tokenizer.encode(text, add_special_tokens=...)``."""
         if self._mistral is not None:
             return self._mistral.encode(text, add_special_tokens)
-        ids = self.pieces.encode(text)
+        ids = self.fast.encode(text) if self.fast is not None else self.pieces.encode(text)
         if add_special_tokens:
             before, after = self._affixes
             return before + ids + after

@@ -255,6 +255,9 @@ def _hypercorn_config(cfg: ServerConfig) -> Any:
     hc.accesslog = "-" if cfg.access_log else None
     hc.errorlog = "-"
     hc.backlog = 1024
+    # Hypercorn closes a keep-alive connection after 1000 requests by default; a gateway's pooled
+    # connection (or a benchmark's) would see a reset mid-stream. vLLM's servers do not cap it.
+    hc.keep_alive_max_requests = 2**31
     # Loading several big tokenizers (gpt-oss, Gemma: ~30 MB of JSON each) takes well over
     # Hypercorn's default 60 s on a busy 2-core machine.
     hc.startup_timeout = 900

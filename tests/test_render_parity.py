@@ -101,17 +101,24 @@ def test_most_cases_render(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=_marks(f)) for f in FAMILIES])
-def test_piece_cache_is_exact_on_the_corpus(family: str) -> None:
-    """The whole corpus, twice through a warm cache, equals the uncached tokenizer path."""
+def test_cached_encoders_are_exact_on_the_corpus(family: str) -> None:
+    """The whole corpus, twice through warm caches, equals the uncached HF tokenizer path: both
+    fastokens with its segment cache (the default) and the Python piece cache (its fallback)."""
     _need(family)
     cached = renderer(family)
-    plain = Renderer.load(ref.model_dir(family), harmony_start_date=ref.HARMONY_DATE, cache_bytes=0)
-    assert not plain.pieces.enabled
+    d = ref.model_dir(family)
+    date = ref.HARMONY_DATE
+    plain = Renderer.load(d, harmony_start_date=date, cache_bytes=0, fast_tokenizer=False)
+    pieces = Renderer.load(d, harmony_start_date=date, fast_tokenizer=False)
+    assert not plain.pieces.enabled and plain.fast is None and pieces.fast is None
     for _ in range(2):
         for _name, body in conversations(family):
-            assert _mine(cached, body) == _mine(plain, body)
+            expected = _mine(plain, body)
+            assert _mine(cached, body) == expected
+            assert _mine(pieces, body) == expected
     if family not in ("mistral_nemo", "gpt_oss"):  # tokenized by mistral-common / Harmony
-        assert cached.pieces.enabled and cached.pieces.hits > 0
+        assert cached.fast is not None and cached.fast.cache_stats()["hits"] > 0
+        assert pieces.pieces.enabled and pieces.pieces.hits > 0
 
 
 @pytest.mark.parametrize(
