@@ -24,13 +24,16 @@ engine that lacks its prefix, i.e. costs one prefill):
 - Users choose prompts, namespaces (cache_salt) and token ids, and may know this code.  They do
   not know p1, p2, x or the root seed, which never leave the process.
 - For any two different prompts fixed in advance, their keys at a block collide with probability
-  at most about ``2 * blocks / 2**29`` per prime, over the secret draw (a nonzero polynomial of
-  degree <= blocks has at most that many roots mod a prime; different block ints differ mod a
-  random 29-bit prime except with probability ~ digits/2**24), so both chains ~ 2**-36 for a
-  2,048-block prompt.  Unlike polynomial hashing mod 2**64, there is no secret-independent
-  collision (Thue-Morse strings collide mod 2**64 for every odd base).
+  at most ``blocks / 2**29 + f / 2**24.6`` per prime over the secret draw: a nonzero polynomial
+  of degree <= blocks has at most that many roots mod a prime, and a nonzero difference of two
+  block ints (32 x block_size bits) has at most f = 32 x block_size / 29 prime factors among the
+  ~2**24.6 primes in [2**29, 2**30) (f = 17 at block size 16).  Both primes: ~2**-35 for a
+  2,048-block prompt.  Unlike polynomial hashing mod 2**64, there is
+  no secret-independent collision (Thue-Morse prompts collide mod 2**64 for every odd base: see
+  tests/test_radix_prompt.py).
 - Keys are not observable from outside except through routing decisions, so a user cannot search
-  for collisions offline; an online search learns at most one mis-route per ~2**36 tries.
+  for collisions offline; each online try (a prompt sent, its routing inferred from latency)
+  succeeds with probability ~2**-35 or less.
 - What a user CAN do: fill engines with their own prefixes (as any client can), and pick token
   ids >= 2**32 or < 0, which are rejected (the array conversion raises), never aliased.
 - Random (non-adversarial) collisions: keys are near uniform in [0, N), N >= 2**58: with a
