@@ -354,7 +354,7 @@ class PrefixIndex:
 
     def match(self, tokens: Sequence[int], namespace: Hashable, now: float) -> dict[str, Match]:
         """Per engine, the leading prompt tokens cached: confirmed, and confirmed plus unexpired
-        optimistic.  Renews the blocks matched (confirmed) for the LRU."""
+        optimistic.  Renews, for the LRU, the stored runs of the blocks matched (confirmed)."""
         return self.match_keys(self.prepare(tokens, namespace), now)
 
     def match_keys(self, prompt: PromptKeys, now: float) -> dict[str, Match]:

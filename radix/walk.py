@@ -64,7 +64,8 @@ def walk(
     """
     opt = pending if pending else None
     n = prompt.blocks(size)
-    keys = prompt.keys(size, n)[:n]
+    keys = prompt.keys(size, n)
+    keys = keys if len(keys) == n else keys[:n]
     values = _values(nodes, keys, opt is not None)
     alive_c = alive_o = engines_mask
     confirmed: list[tuple[int, int]] = []
