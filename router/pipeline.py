@@ -141,6 +141,8 @@ class Pipeline:
                  and not spec.return_token_ids)
         self._fast = plain and spec.logprobs is None
         self._fast_lp = plain and spec.logprobs is not None
+        self._fast_cmpl = (spec.kind == COMPLETION and detok and spec.logprobs is None
+                           and not spec.continuous_usage and not spec.return_token_ids)
 
     @property
     def done(self) -> bool:
@@ -220,7 +222,30 @@ class Pipeline:
         if (self._fast_lp and len(ids) == 1 and not choice.fresh and out.finish_reason is None
                 and out.error is None and not choice.finished):
             return self._feed_one_lp(choice, index, out)
+        if (self._fast_cmpl and len(ids) == 1 and not choice.fresh
+                and out.finish_reason is None and out.error is None and not choice.finished):
+            return self._feed_one_cmpl(choice, index, out)
         return self._feed(choice, index, out)
+
+    def _feed_one_cmpl(self, choice: _Choice, index: int, out: EngineCoreOutput
+                       ) -> tuple[Chunk | None, bool]:
+        """``_feed`` for one token of a plain completions stream, mid-way: same chunk."""
+        text = choice.step(out.new_token_ids[0])  # type: ignore[misc]
+        finish: str | None = None
+        stop_reason = out.stop_reason
+        kept = 1
+        if choice.push is not None:
+            text, match = choice.push(text)
+            if match is not None:
+                kept = min(kept, match.num_tokens_kept)
+                finish, stop_reason = "stop", match.stop
+                choice.finished = True
+        choice.tokens += kept
+        if not text and finish is None:
+            return None, False
+        spec = self.spec
+        return Completion(spec.request_id, spec.created, spec.model, [
+            CompletionChoice(index, text, None, finish, stop_reason)]), finish is not None
 
     def _feed_one_lp(self, choice: _Choice, index: int, out: EngineCoreOutput
                      ) -> tuple[Chunk | None, bool]:
