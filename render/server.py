@@ -1,4 +1,4 @@
-"""`kvroute render`: the render service over HTTP (Starlette + Hypercorn, uvloop), vLLM's shapes.
+"""`kvroute render`: the render service over HTTP (Starlette on uvicorn/httptools, uvloop).
 
     POST /v1/chat/completions/render   ChatCompletionRequest  -> GenerateRequest
     POST /v1/completions/render        CompletionRequest      -> [GenerateRequest, ...]
@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -82,6 +83,7 @@ class Models:
     def __init__(self, registry: ModelRegistry, created: int) -> None:
         self.registry = registry
         self.locks = {name: asyncio.Lock() for name in registry.names()}
+        self.costs = {name: RenderCost() for name in registry.names()}
         self.created = created
 
     def get(self, name: str | None) -> Renderer:
@@ -126,14 +128,48 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class RenderCost:
+    """One model's CPU seconds per body byte (moving average), to predict a render's cost.
+
+    Small requests carry a fixed overhead, so their per-byte cost over-predicts big ones: the
+    estimate errs towards the thread, the side that never blocks the loop.
+    """
+
+    def __init__(self) -> None:
+        self.per_byte: float | None = None
+
+    def predict(self, size: int) -> float | None:
+        return None if self.per_byte is None else size * self.per_byte
+
+    def observe(self, size: int, seconds: float) -> None:
+        sample = seconds / max(size, 1)
+        self.per_byte = sample if self.per_byte is None else 0.9 * self.per_byte + 0.1 * sample
+
+
+def _timed(cost: RenderCost, size: int, fn: Callable[..., T], *args: Any) -> T:
+    t0 = time.thread_time()  # this thread's CPU: a render waiting for the GIL costs nothing
+    try:
+        return fn(*args)
+    finally:
+        cost.observe(size, time.thread_time() - t0)
+
+
 async def run_render(request: Request, renderer: Renderer, size: int,
                      fn: Callable[..., T], *args: Any) -> T:
-    """Runs ``fn`` under the model's lock: inline for small bodies, on the render pool for big."""
+    """Runs ``fn`` under the model's lock: on the loop when small or predicted cheap (a thread
+    handoff costs more than a fast render), else on the render pool."""
     st = request.state
-    async with st.models.locks[renderer.served_model_name]:
-        if size <= st.config.offload_bytes:
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(st.pool, fn, *args)
+    name = renderer.served_model_name
+    cost: RenderCost = st.models.costs[name]
+    async with st.models.locks[name]:
+        predicted = cost.predict(size)
+        if size <= st.config.offload_bytes or (
+            predicted is not None and predicted * 1e3 <= st.config.inline_budget_ms
+        ):
+            return _timed(cost, size, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            st.pool, _timed, cost, size, fn, *args
+        )
 
 
 def json_response(request: Request, obj: object) -> Response:
@@ -244,33 +280,39 @@ def create_app(cfg: ServerConfig, *, on_ready: Callable[[], None] | None = None)
 # --- serving ---------------------------------------------------------------------------------
 
 
-def _hypercorn_config(cfg: ServerConfig) -> Any:
-    from hypercorn.config import Config
-
-    hc = Config()
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    hc.bind = [f"{host}:{cfg.port}"]
-    hc.worker_class = "uvloop"
-    hc.workers = cfg.workers
-    hc.accesslog = "-" if cfg.access_log else None
-    hc.errorlog = "-"
-    hc.backlog = 1024
-    # Hypercorn closes a keep-alive connection after 1000 requests by default; a gateway's pooled
-    # connection (or a benchmark's) would see a reset mid-stream. vLLM's servers do not cap it.
-    hc.keep_alive_max_requests = 2**31
-    # Loading several big tokenizers (gpt-oss, Gemma: ~30 MB of JSON each) takes well over
-    # Hypercorn's default 60 s on a busy 2-core machine.
-    hc.startup_timeout = 900
-    return hc
+def _bind(cfg: ServerConfig) -> socket.socket:
+    """The listening socket, bound once and shared by every worker process."""
+    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((cfg.host, cfg.port))
+    sock.set_inheritable(True)
+    return sock
 
 
-def _worker(cfg: ServerConfig, sockets: Any, shutdown_event: Any) -> None:
-    """One serving process (or the only one): builds the app and runs Hypercorn on uvloop."""
+def _uvicorn_config(cfg: ServerConfig, app: Any) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        # uvicorn's httptools protocol (llhttp, C) costs ~0.1-0.15 ms of CPU per request here;
+        # Hypercorn's h11 (pure Python) cost ~0.5-0.6 ms, as much as vllm-rs's whole 1k render.
+        http="httptools",
+        loop="none",  # the worker runs uvloop itself
+        lifespan="on",
+        access_log=cfg.access_log,
+        log_level="info" if cfg.access_log else "warning",
+        backlog=1024,
+        # Like vLLM's servers: no cap on requests per keep-alive connection.
+        limit_max_requests=None,
+    )
+
+
+def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None:
+    """One serving process (or the only one): builds the app and runs uvicorn on uvloop."""
+    import uvicorn
     import uvloop
-    from hypercorn.asyncio.run import worker_serve
-    from hypercorn.utils import check_multiprocess_shutdown_event, wrap_app
 
-    hc = _hypercorn_config(cfg)
     url = f"http://{cfg.host}:{cfg.port}"
     # A render thread running Python (template, cache lookups) holds the GIL for up to the switch
     # interval (5 ms by default) each time the loop wants it back; 0.5 ms keeps /health fast.
@@ -279,33 +321,46 @@ def _worker(cfg: ServerConfig, sockets: Any, shutdown_event: Any) -> None:
     def ready() -> None:
         print(f"kvroute render: ready on {url} (pid {os.getpid()})", flush=True)
 
-    asgi: Any = create_app(cfg, on_ready=ready)  # Starlette is an ASGI app; hypercorn types differ
-    app = wrap_app(asgi, hc.wsgi_max_body_size, "asgi")
-    trigger = None
-    if shutdown_event is not None:
-        trigger = lambda: check_multiprocess_shutdown_event(shutdown_event, asyncio.sleep)  # noqa: E731
-    uvloop.run(worker_serve(app, hc, sockets=sockets, shutdown_trigger=trigger))
+    server = uvicorn.Server(_uvicorn_config(cfg, create_app(cfg, on_ready=ready)))
+
+    async def run() -> None:
+        watcher = None
+        if shutdown_event is not None:
+            watcher = asyncio.create_task(_watch_shutdown(shutdown_event, server))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    uvloop.run(run())
+
+
+async def _watch_shutdown(event: Any, server: Any) -> None:
+    """Stops this worker when the supervisor sets the shared multiprocessing Event."""
+    while not event.is_set():
+        await asyncio.sleep(0.2)  # a cross-process Event has no awaitable form; 0.2 s latency
+    server.should_exit = True
 
 
 def serve(cfg: ServerConfig) -> int:
     """Binds once, then serves here or in ``cfg.workers`` processes sharing the socket."""
     import multiprocessing as mp
 
-    hc = _hypercorn_config(cfg)
-    sockets = hc.create_sockets()
-    port = sockets.insecure_sockets[0].getsockname()[1]
+    sock = _bind(cfg)
+    port = sock.getsockname()[1]
     cfg = replace(cfg, port=port)  # port 0 resolved, so workers report the real address
     names = ", ".join(m.served_model_name for m in cfg.models)
     print(f"kvroute render: serving {names} on http://{cfg.host}:{port} "
           f"({cfg.workers} worker{'s' if cfg.workers > 1 else ''})", flush=True)
     if cfg.workers == 1:
-        _worker(cfg, sockets, None)
+        _worker(cfg, sock, None)
         return 0
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     # Workers inherit SIG_IGN for SIGINT so a Ctrl-C reaches only this supervisor, which stops them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    procs = [ctx.Process(target=_worker, args=(cfg, sockets, stop), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(cfg, sock, stop), daemon=True)
              for _ in range(cfg.workers)]
     for p in procs:
         p.start()

@@ -29,6 +29,7 @@ from render.errors import BadRequestError
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_DICT_ATTRS = frozenset(dir(dict))
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -108,6 +109,18 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._verdicts: dict[tuple[type, str], bool] = {}
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # ``message.role`` on a plain dict: Jinja tries getattr first, which raises (and builds)
+        # an AttributeError for every name that is not a dict method, then falls back to
+        # ``obj[attribute]``. A dict has no instance attributes, so asking the key first for
+        # such names returns exactly what Jinja would, without the exception.
+        if type(obj) is dict and attribute not in _DICT_ATTRS:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         key = (type(obj), attr)
