@@ -113,8 +113,8 @@ def _random_prime(rng: random.Random, exclude: int = 0) -> int:
 class KeySpace:
     """The secret parameters of one index's keys (see the module docstring), and the chain."""
 
-    __slots__ = ("modulus", "base", "_seed", "_p", "_x0", "_crt", "_digits", "_xpow", "_xinv",
-                 "_splitters")
+    __slots__ = ("modulus", "base", "_seed", "_primes", "_p", "_x0", "_crt", "_digits", "_xpow",
+                 "_xinv", "_splitters")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         rng = rng if rng is not None else random.SystemRandom()
@@ -125,6 +125,7 @@ class KeySpace:
         # The base as one residue mod N: x = x1 (mod p1), x = x2 (mod p2).
         self.base = (x2 + p2 * ((x1 - x2) * pow(p2, -1, p1) % p1)) % self.modulus
         self._seed = rng.getrandbits(64)
+        self._primes = (p1, p2)
         self._p = np.array([[p1], [p2]], dtype=np.uint64)
         self._x0 = (x1, x2)
         self._crt = pow(p2, -1, p1)
@@ -204,19 +205,20 @@ class KeySpace:
         xpow, xinv = self._powers(m)
         h *= xinv
         h %= p
-        h[:, 0] += np.array([seed % int(p[0, 0]), seed % int(p[1, 0])], dtype=np.uint64)
+        p1, p2 = self._primes
+        h[0, 0] += seed % p1
+        h[1, 0] += seed % p2
         np.cumsum(h, axis=1, out=h)  # < 2**30 * (m + 1): no overflow
         h %= p
         h *= xpow
         h %= p
-        # CRT: key = k2 + p2 * ((k1 - k2) * p2**-1 mod p1), every term < 2**60.
+        # CRT: key = k2 + p2 * ((k1 - k2) * p2**-1 mod p1); (k1 + 2 p1 - k2) * c < 2**62.
         k1, k2 = h[0], h[1]
-        t = k1 + (p[0, 0] << np.uint64(1))
+        t = k1 + np.uint64(2 * p1)
         t -= k2
-        t %= p[0, 0]
         t *= np.uint64(self._crt)
-        t %= p[0, 0]
-        t *= p[1, 0]
+        t %= np.uint64(p1)
+        t *= np.uint64(p2)
         t += k2
         keys: list[int] = t.tolist()
         return keys
@@ -224,7 +226,7 @@ class KeySpace:
     def _digit_table(self, block_size: int) -> U64:
         table = self._digits.get(block_size)
         if table is None:
-            p1, p2 = int(self._p[0, 0]), int(self._p[1, 0])
+            p1, p2 = self._primes
             # Byte order of array('I') is native; the Python path reads it little-endian.
             js = range(block_size) if sys.byteorder == "little" else range(block_size - 1, -1, -1)
             table = self._digits[block_size] = np.array(
@@ -236,7 +238,7 @@ class KeySpace:
         if self._xpow.shape[1] < m:
             size = max(m, 2 * self._xpow.shape[1], 256)
             rows_pow, rows_inv = [], []
-            for x, p in zip(self._x0, (int(self._p[0, 0]), int(self._p[1, 0])), strict=True):
+            for x, p in zip(self._x0, self._primes, strict=True):
                 rows_pow.append(_geometric(x, p, size))
                 rows_inv.append(_geometric(pow(x, -1, p), p, size))
             self._xpow = np.array(rows_pow, dtype=np.uint64)
