@@ -63,6 +63,11 @@ class CharTreePolicy:
         self._insert(text, engine)
         return Decision(engine, 0, reason)
 
+    def decide(self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad],
+               now: float) -> tuple[Decision, Callable[[], None]]:
+        """The Dispatcher's entry point: the tree is updated in ``choose`` already."""
+        return self.choose(tokens, namespace, loads, now), lambda: None
+
     def _insert(self, text: str, engine: str) -> None:
         node = self.root
         for i in range(0, len(text) - STEP + 1, STEP):

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -72,6 +72,9 @@ class Dispatcher:
         # for a while (doubling per consecutive failure), even if its link still looks up.
         self._suspect_until: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        # prometheus' labels() costs more than the update itself: children kept per label set.
+        self._decision_counters: dict[tuple[str, str], Any] = {}
+        self._per_engine: dict[str, tuple[Any, Any, Any]] = {}
 
     def healthy(self) -> list[str]:
         now = self.clock()
@@ -113,23 +116,27 @@ class Dispatcher:
             await self.admission.wait_for_slot(lambda: bool(candidates()))
             loads = self.admission.loads(candidates(), self._engine_stats)
             try:
-                decision = self.policy.choose(tokens, namespace, loads, self.clock())
+                decision, note = self.policy.decide(tokens, namespace, loads, self.clock())
             except NoEngineError:
                 break
             engine = decision.engine
             uncached = len(tokens) - decision.cached_tokens
-            self.metrics.decisions.labels(self.policy.config.name, decision.reason, engine).inc()
-            log.info("route", extra={"request_id": request_id, "engine": engine,
-                                     "cached": decision.cached_tokens, "reason": decision.reason,
-                                     "prompt_tokens": len(tokens), "attempt": attempt})
             children = _fan_out(request_id, tokens, params, n, lora, cache_salt, priority)
             for _ in children:
                 self.admission.take(engine, uncached // n)
             streams: list[RequestStream] = []
+            noted = False
             try:
                 for child in children:
                     streams.append(await self.client.submit(engine, child))
-                first = list(await asyncio.gather(*(anext(s) for s in streams)))
+                # The ADD is on its way: the bookkeeping below overlaps the engine's work. The
+                # note goes in before any await, so no later decision can miss this route.
+                note()
+                noted = self._log_decision(request_id, decision, len(tokens), attempt)
+                if n == 1:
+                    first = [await anext(streams[0])]
+                else:
+                    first = list(await asyncio.gather(*(anext(s) for s in streams)))
             except ValueError as exc:  # the engine client refused a duplicate request id
                 with contextlib.suppress(EngineLinkError):
                     await self.client.abort([s.request_id for s in streams])
@@ -155,6 +162,8 @@ class Dispatcher:
                 for _ in children:
                     self.admission.prefilled(engine, uncached // n)
                     self.admission.release(engine)
+                if not noted:
+                    self._log_decision(request_id, decision, len(tokens), attempt)
                 excluded.add(engine)
                 self._failed(engine)
                 if attempt == 1:
@@ -165,11 +174,12 @@ class Dispatcher:
             for _ in children:
                 self.admission.prefilled(engine, uncached // n)
             self._succeeded(engine)
-            self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
-            self.metrics.predicted_cached.labels(engine).inc(decision.cached_tokens)
+            in_flight, predicted, engine_cached = self._engine_metrics(engine)
+            in_flight.set(self.admission.in_flight(engine))
+            predicted.inc(decision.cached_tokens)
             reported = _cached_tokens(first[0])
             if reported is not None:
-                self.metrics.engine_cached.labels(engine).inc(reported)
+                engine_cached.inc(reported)
                 self.metrics.prediction_error.observe(reported - decision.cached_tokens)
             return Routed(decision, uncached, streams, first, attempt)
         if last_error is not None:
@@ -177,12 +187,37 @@ class Dispatcher:
         raise Overloaded(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
 
+    def _log_decision(self, request_id: str, decision: Decision, prompt_tokens: int,
+                      attempt: int) -> bool:
+        key = (decision.reason, decision.engine)
+        counter = self._decision_counters.get(key)
+        if counter is None:
+            counter = self.metrics.decisions.labels(self.policy.config.name, *key)
+            self._decision_counters[key] = counter
+        counter.inc()
+        if log.isEnabledFor(logging.INFO):
+            log.info("route", extra={"request_id": request_id, "engine": decision.engine,
+                                     "cached": decision.cached_tokens, "reason": decision.reason,
+                                     "prompt_tokens": prompt_tokens, "attempt": attempt})
+        return True
+
+    def _engine_metrics(self, engine: str) -> tuple[Any, Any, Any]:
+        """The engine's labelled children (in flight, predicted and reported cached tokens)."""
+        children = self._per_engine.get(engine)
+        if children is None:
+            m = self.metrics
+            children = (m.in_flight.labels(engine), m.predicted_cached.labels(engine),
+                        m.engine_cached.labels(engine))
+            self._per_engine[engine] = children
+        return children
+
     def done(self, routed: Placed) -> None:
         """Give the slots back (call once, whatever the outcome)."""
-        for stream in routed.streams:
+        streams = routed.streams
+        for stream in streams:
             self.admission.release(stream.engine)
-        for engine in {s.engine for s in routed.streams}:
-            self.metrics.in_flight.labels(engine).set(self.admission.in_flight(engine))
+        for engine in (streams[0].engine,) if len(streams) == 1 else {s.engine for s in streams}:
+            self._engine_metrics(engine)[0].set(self.admission.in_flight(engine))
 
     async def abort(self, routed: Placed, cause: str) -> None:
         pending = [s.request_id for s in routed.streams if not s.finished]

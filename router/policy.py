@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -36,6 +36,10 @@ def _rendezvous_order(tokens: Sequence[int], loads: Sequence[EngineLoad]) -> lis
     head = xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
     return sorted(loads, key=lambda load: (
         xxhash.xxh3_64_intdigest(load.engine.encode(), seed=head), load.engine))
+
+
+def _nothing() -> None:
+    return None
 
 
 class NoEngineError(Exception):
@@ -117,6 +121,16 @@ class Policy:
         self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float
     ) -> Decision:
         """Pick among ``loads`` (healthy engines with capacity, any order) and note the route."""
+        decision, note = self.decide(tokens, namespace, loads, now)
+        note()
+        return decision
+
+    def decide(
+        self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float
+    ) -> tuple[Decision, Callable[[], object]]:
+        """``choose`` with the note in the index left to the caller: the dispatcher sends the
+        request first and notes it right after, with no await in between (so no other decision
+        can miss it), keeping the index update off the request's critical path."""
         if not loads:
             raise NoEngineError("no healthy engine with free capacity")
         ordered = sorted(loads, key=lambda load: load.engine)  # determinism across callers
@@ -135,9 +149,11 @@ class Policy:
             load, reason = self._least_loaded(sorted(pair, key=lambda x: x.engine)), "power_of_two"
         else:
             load, reason = self._rng.choice(ordered), "random"
-        if load.engine in cached:  # engines without a block size yet are not in the index
-            self.index.note_routed_keys(load.engine, prompt, now, self.config.optimistic_ttl)
-        return Decision(load.engine, cached.get(load.engine, 0), reason)
+        decision = Decision(load.engine, cached.get(load.engine, 0), reason)
+        if load.engine not in cached:  # engines without a block size yet are not in the index
+            return decision, _nothing
+        index, ttl = self.index, self.config.optimistic_ttl
+        return decision, lambda: index.note_routed_keys(load.engine, prompt, now, ttl)
 
     def _cache_aware(
         self, tokens: Sequence[int], cached: dict[str, int], loads: Sequence[EngineLoad]
