@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 import sys
 
 
 def release_freed_heap() -> bool:
-    """Collect garbage and return free heap pages to the OS; False where libc cannot (not glibc)."""
-    gc.collect()
+    """Return free heap pages to the OS; False where libc cannot (not glibc).
+
+    No ``gc.collect()`` here: loading leaves no cyclic garbage worth it, and collecting would
+    finalise whatever unrelated garbage the host process holds (the router's, a test's) at a
+    moment that has nothing to do with it.
+    """
     if not sys.platform.startswith("linux"):
         return False
     name = ctypes.util.find_library("c")
