@@ -230,6 +230,12 @@ class Anchor:
 
 # ---------------------------------------------------------------- main
 
+def _calibration() -> float:
+    t0 = time.thread_time()
+    sum(range(10**6))
+    return (time.thread_time() - t0) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=64)
@@ -268,7 +274,10 @@ def main() -> None:
     finally:
         if anchor is not None:
             anchor.close()
-    print(f"\nCPU time (thread_time) per output token, {args.requests} concurrent requests x "
+    calib = min(_calibration() for _ in range(3))
+    print(f"\nmachine load check: sum(range(10**6)) took {calib:.1f} ms of CPU (~12 ms on an "
+          f"idle core of this box; more means every number below is inflated as much)")
+    print(f"CPU time (thread_time) per output token, {args.requests} concurrent requests x "
           f"{args.steps} steps (one token each per engine step), best / median of "
           f"{args.repeat} runs\n")
     print("| case | pipeline | µs/token best | µs/token median | vs vLLM (best) |")
