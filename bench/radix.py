@@ -147,18 +147,28 @@ def best(fn: Callable[[], float], repeat: int) -> float:
 
 # ---- measurements ----
 
-def bench_ingest(n_events: int, blocks_per_event: int, engines: int) -> dict[str, float]:
-    """Apply pre-built BlockStored events (chains continuing their parents) to a fresh index."""
+Event = tuple[str, list[int], int | None, list[int]]
+
+
+def ingest_events(n_events: int, blocks_per_event: int, engines: int) -> list[Event]:
+    """BlockStored events as (engine, hashes, parent, token ids): chains continuing their parents,
+    every 8th event starting a new prompt."""
     rng = random.Random(3)
-    events: list[tuple[str, list[int], int | None, list[int]]] = []
+    events: list[Event] = []
     tails: dict[str, int | None] = {}
     for i in range(n_events):
         engine = f"e{i % engines}"
-        parent = tails.get(engine) if i % 8 else None  # every 8th event starts a new prompt
+        parent = tails.get(engine) if i % 8 else None
         hashes = [rng.getrandbits(64) for _ in range(blocks_per_event)]
         base = rng.randrange(VOCAB - BLOCK * blocks_per_event)
         events.append((engine, hashes, parent, list(range(base, base + BLOCK * blocks_per_event))))
         tails[engine] = hashes[-1]
+    return events
+
+
+def bench_ingest(n_events: int, blocks_per_event: int, engines: int) -> dict[str, float]:
+    """Apply pre-built BlockStored events (chains continuing their parents) to a fresh index."""
+    events = ingest_events(n_events, blocks_per_event, engines)
     total = n_events * blocks_per_event
 
     def run_index() -> float:
@@ -297,6 +307,22 @@ def baseline_rows(rev: str, repeat: int) -> list[tuple[str, str, str]]:
     sys.path.insert(0, str(tmp))
     old_mod = importlib.import_module("radix_baseline")
     rows = []
+    events = ingest_events(4_000, 32, 64)
+    ingest: dict[str, list[float]] = {"old": [], "new": []}
+    for _ in range(3):  # best of 3, interleaved
+        for label, cls in (("old", old_mod.PrefixIndex), ("new", PrefixIndex)):
+            fresh_index = cls(max_blocks=10_000_000)
+            for e in range(64):
+                fresh_index.add_engine(f"e{e}", BLOCK)
+            gc.collect()
+            t0 = time.process_time()
+            for engine, block_hashes, parent, tokens in events:
+                fresh_index.apply_stored(engine, block_hashes, parent, tokens, None, 0.0)
+            ingest[label].append(time.process_time() - t0)
+    rate = {k: len(events) * 32 / min(v) / 1e3 for k, v in ingest.items()}
+    rows.append((f"ingest, apply_stored, 32-block events: {rev} | this tree",
+                 f"{rate['old']:,.0f}k | {rate['new']:,.0f}k blocks/s",
+                 f"new/old = {rate['new'] / rate['old']:.2f}x"))
     for n in (2_048, 32_768):
         rng = random.Random(5)
         prompt = [rng.randrange(VOCAB) for _ in range(n)]
