@@ -30,6 +30,9 @@ from render.errors import BadRequestError
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _DICT_ATTRS = frozenset(dir(dict))
+_PLAIN_STR_METHODS = frozenset(
+    a for a in dir(str) if not a.startswith("_") and a not in ("format", "format_map")
+)
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -120,6 +123,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except KeyError:
                 return self.undefined(obj=obj, name=attribute)
+        # ``content.startswith`` etc.: the sandbox allows every public str method and wraps only
+        # format/format_map, so for the others its verdict is always the plain bound method.
+        if type(obj) is str and attribute in _PLAIN_STR_METHODS:
+            return getattr(obj, attribute)
         return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
