@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -81,30 +80,48 @@ class ClientLeft(Exception):
 async def _unless_client_leaves(request: Request, opening: Awaitable[T]) -> T:
     """Await the engine's first output, unless the client disconnects first: a request queued
     in the router or prefilling on an engine is then cancelled, which aborts it on the engine
-    (Dispatcher.open) instead of spending the prefill on nobody."""
-    task = asyncio.ensure_future(opening)
-    left = asyncio.ensure_future(client_disconnected(request.receive))
-    try:
-        await asyncio.wait((task, left), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        left.cancel()
-        if not task.done():
+    (Dispatcher.open) instead of spending the prefill on nobody.
+
+    ``opening`` runs inline in the request's task (a task of its own plus ``asyncio.wait`` cost
+    two loop passes between the engine's first output and the answer); the watcher cancels
+    this task when the client leaves, and the cancellation becomes ``ClientLeft``."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def on_left(watch: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not watch.cancelled() and watch.exception() is None:
+            gone = True
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise ClientLeft
-    result = task.result()
-    if left.done() and not left.cancelled() and left.exception() is None:
-        # Both finished together: the disconnect message is consumed, so the response would
-        # never see it. Give the engine request back here.
-        placed = [r for r in (result if isinstance(result, list) else [result])
-                  if isinstance(r, Routed)]
-        for routed in placed:
-            await request.state.dispatcher.abort(routed, "client_disconnect")
-            request.state.dispatcher.done(routed)
+
+    left = asyncio.ensure_future(client_disconnected(request.receive))
+    left.add_done_callback(on_left)
+    try:
+        result = await opening
+    except asyncio.CancelledError:
+        if not gone or task.uncancel() > 0:
+            raise  # cancelled from outside (shutdown), not by the watcher
+        if isinstance(opening, asyncio.Future) and opening.done() and not opening.cancelled():
+            await _give_back(request, opening.result())  # it completed as the client left
+        raise ClientLeft from None
+    finally:
+        left.remove_done_callback(on_left)
+        left.cancel()
+    if gone:  # the cancellation was absorbed by ``opening``: the client is gone all the same
+        task.uncancel()
+        await _give_back(request, result)
         raise ClientLeft
     return result
+
+
+async def _give_back(request: Request, result: object) -> None:
+    """Release what an opening placed on engines for a client that has left."""
+    placed = [r for r in (result if isinstance(result, list) else [result])
+              if isinstance(r, Routed)]
+    for routed in placed:
+        await request.state.dispatcher.abort(routed, "client_disconnect")
+        request.state.dispatcher.done(routed)
 
 
 async def chat_completions(request: Request) -> Any:

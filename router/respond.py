@@ -71,16 +71,26 @@ class EngineResponse:
             self._observe(pipeline, scope["path"], status)
 
     async def _collected(self, pipeline: Pipeline, route: bytes, receive: Any, send: Any) -> str:
-        work = asyncio.ensure_future(collect(pipeline, self._outputs(), self._abort_choice))
-        watch = asyncio.ensure_future(client_disconnected(receive))
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
-            await self._client_left()
-            return "499"
+        outputs = collect(pipeline, self._outputs(), self._abort_choice)
+        if all(s.finished for s in self.routed.streams):
+            # Every output is here already (max_tokens=1, short answers): nothing waits on the
+            # engine, so no disconnect watch and no task; the answer leaves in this loop pass.
+            work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            try:
+                work.set_result(await outputs)
+            except Exception as exc:
+                work.set_exception(exc)
+        else:
+            work = asyncio.ensure_future(outputs)
+            watch = asyncio.ensure_future(client_disconnected(receive))
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+                await self._client_left()
+                return "499"
         headers = [(b"content-type", b"application/json"), (b"x-kvroute-route", route)]
         try:
             body, code = _JSON.encode(work.result()), 200
