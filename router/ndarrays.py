@@ -4,6 +4,11 @@ vLLM (``vllm/v1/serial_utils.py``) writes an ndarray as ``[dtype_str, shape, dat
 is either ``Ext(3, raw_bytes)`` (arrays under 256 bytes, inline) or an int indexing the extra ZMQ
 frames that follow the msgpack payload. Logprobs travel this way as ``LogprobsLists``:
 ``(logprob_token_ids, logprobs, sampled_token_ranks, cu_num_generated_tokens)``.
+
+Two decodings: ``decode_logprobs`` gives numpy arrays (prompt logprobs, tools, tests); the
+receive path decodes the arrays typed (``WireLogprobs``) and ``rows_from_wire`` turns them
+straight into Python numbers (``LogprobRows``), one ``struct`` unpack per array: a top-5 row is
+three arrays of a few bytes, for which numpy's per-call cost (~1 µs each) dominated.
 """
 
 from __future__ import annotations
@@ -118,16 +123,19 @@ class LogprobRows(NamedTuple):
         return len(self.token_ids) // self.width if self.width else len(self.sampled_ranks)
 
 
-# vLLM dtype strings -> struct codes. struct's "<" reads little-endian on any host.
-_STRUCT_CODES = {"<i4": "i", "<f4": "f", "<i8": "q", "<f8": "d", "<i2": "h", "<f2": "e",
-                 "<u4": "I", "<u8": "Q", "|i1": "b", "|u1": "B"}
+# numpy dtype strings (byte order + kind + size) -> struct byte order and codes; struct reads
+# either byte order on any host (vLLM runs on big-endian s390x too).
+_STRUCT_ORDER = {"<": "<", "|": "<", ">": ">"}
+_STRUCT_CODES = {"i4": "i", "f4": "f", "i8": "q", "f8": "d", "i2": "h", "f2": "e", "u4": "I",
+                 "u8": "Q", "i1": "b", "u1": "B"}
 
 
 @lru_cache(maxsize=256)
 def _unpacker(dtype: str, count: int) -> Callable[[Buffer], tuple[Any, ...]]:
     # One compiled struct per (dtype, length): a per-step logprob row is 1 x (k+1) of a few
     # dtypes, so the cache stays tiny; unpack is one C call (numpy costs ~1 µs per array).
-    return struct.Struct(f"<{count}{_STRUCT_CODES[dtype]}").unpack
+    # KeyError for any other dtype.
+    return struct.Struct(f"{_STRUCT_ORDER[dtype[:1]]}{count}{_STRUCT_CODES[dtype[1:]]}").unpack
 
 
 def _buffer(data: msgspec.msgpack.Ext | int, aux: Sequence[Buffer]) -> Any:

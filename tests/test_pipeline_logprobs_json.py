@@ -128,12 +128,13 @@ def _raw(ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray) -> tuple[list[byte
     return [bytes(a) for a in aux[1:]], wire
 
 
+@pytest.mark.parametrize("order", ["<", ">"])  # ">": an engine on a big-endian host
 @pytest.mark.parametrize("k", [0, 5, 80])  # k=80: 324-byte rows travel as aux frames
-def test_engine_client_decode_gives_rows(k: int) -> None:
+def test_engine_client_decode_gives_rows(k: int, order: str) -> None:
     rng = np.random.default_rng(k)
-    ids = rng.integers(0, 150000, (3, k + 1)).astype(np.int32)
-    lps = -rng.random((3, k + 1)).astype(np.float32)
-    ranks = np.array([1, 4, 2], dtype=np.int64)
+    ids = rng.integers(0, 150000, (3, k + 1)).astype(order + "i4")
+    lps = -rng.random((3, k + 1)).astype(order + "f4")
+    ranks = np.array([1, 4, 2], dtype=order + "i8")
     aux, wire = _raw(ids, lps, ranks)
     assert (len(aux) > 0) == (k == 80)
     out = EngineCoreOutput("r", ids[:, 0].tolist(), new_logprobs=wire)
