@@ -159,16 +159,22 @@ async def run_render(request: Request, renderer: Renderer, size: int,
     """Runs ``fn`` under the model's lock: on the loop when small or predicted cheap (a thread
     handoff costs more than a fast render), else on the render pool."""
     st = request.state
+    return await render_in(st.models, st.config, st.pool, renderer, size, fn, *args)
+
+
+async def render_in(models: Models, config: ServerConfig, pool: ThreadPoolExecutor,
+                    renderer: Renderer, size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``run_render`` on explicit app state (the raw ASGI route has no Request)."""
     name = renderer.served_model_name
-    cost: RenderCost = st.models.costs[name]
-    async with st.models.locks[name]:
+    cost = models.costs[name]
+    async with models.locks[name]:
         predicted = cost.predict(size)
-        if size <= st.config.offload_bytes or (
-            predicted is not None and predicted * 1e3 <= st.config.inline_budget_ms
+        if size <= config.offload_bytes or (
+            predicted is not None and predicted * 1e3 <= config.inline_budget_ms
         ):
             return _timed(cost, size, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(
-            st.pool, _timed, cost, size, fn, *args
+            pool, _timed, cost, size, fn, *args
         )
 
 
@@ -305,6 +311,9 @@ def _uvicorn_config(cfg: ServerConfig, app: Any) -> Any:
         backlog=1024,
         # Like vLLM's servers: no cap on requests per keep-alive connection.
         limit_max_requests=None,
+        # No X-Forwarded-* rewriting: the render service answers token ids, not client addresses,
+        # and the middleware is one more coroutine per request.
+        proxy_headers=False,
     )
 
 
@@ -321,7 +330,10 @@ def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None
     def ready() -> None:
         print(f"kvroute render: ready on {url} (pid {os.getpid()})", flush=True)
 
-    server = uvicorn.Server(_uvicorn_config(cfg, create_app(cfg, on_ready=ready)))
+    from render.fast_route import FastRenderRoute  # it imports this module
+
+    app = FastRenderRoute(create_app(cfg, on_ready=ready))
+    server = uvicorn.Server(_uvicorn_config(cfg, app))
 
     async def run() -> None:
         watcher = None

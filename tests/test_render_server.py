@@ -226,6 +226,25 @@ def test_metrics_count_requests_errors_and_tokens(url: str) -> None:
                    'route="/v1/chat/completions/render"') >= 2
 
 
+def test_chat_render_same_answer_with_and_without_content_length(url: str) -> None:
+    """Sized bodies take the raw ASGI route (render/fast_route.py), chunked ones the Starlette
+    app: both must give the same answer and both must be counted."""
+    path = "/v1/chat/completions/render"
+    body = json.dumps({"messages": HI, "request_id": "same"}).encode()
+    ok = 'route="/v1/chat/completions/render",status="200"'
+    before = _metric(httpx.get(url + "/metrics").text, "kvroute_render_requests_total", ok)
+    sized = post(url, path, body)
+    chunked = httpx.post(url + path, content=iter([body[:7], body[7:]]),
+                         headers={"content-type": "application/json"}, timeout=60)
+    assert "content-length" not in chunked.request.headers
+    assert sized.status_code == chunked.status_code == 200
+    assert sized.headers["content-type"] == chunked.headers["content-type"] == "application/json"
+    assert sized.json() == chunked.json()
+    assert sized.json()["token_ids"] == HI_IDS
+    after = _metric(httpx.get(url + "/metrics").text, "kvroute_render_requests_total", ok)
+    assert after == before + 2
+
+
 def _metric(text: str, name: str, labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
