@@ -461,3 +461,16 @@ def test_a_match_renews_the_whole_runs_it_reaches() -> None:
     assert index.stats.evicted_blocks == 4
     assert index.match(T[:16], None, 0.0)["e"].confirmed_tokens == 16
     assert index.match(T[32:48], None, 0.0)["e"].confirmed_tokens == 0
+
+
+def test_stamps_of_removed_runs_are_forgotten() -> None:
+    index = _index(("e", 1), cap=10_000)
+    for i in range(1500):  # 1,500 one-block runs, each matched once, then removed
+        index.apply_stored("e", [i], None, [i], None, 0.0)
+        assert index.match([i], None, 0.0)["e"].confirmed_tokens == 1
+    index.apply_removed("e", list(range(1500)))
+    assert len(index) == 0
+    index.apply_stored("e", [1], None, [7], None, 0.0)
+    assert index.match([7], None, 0.0)["e"].confirmed_tokens == 1
+    # The stamps are kept in a dict of their own; a match prunes it once it outgrows the index.
+    assert len(index._last) <= 1
