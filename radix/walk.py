@@ -39,12 +39,13 @@ def _run_starts(items: Sequence[object]) -> list[int]:
     return starts
 
 
-def _values(nodes: dict[int, int], keys: list[int], need_all: bool) -> list[int | None]:
+def _values(nodes: dict[int, int], keys: list[int], need_all: bool) -> Sequence[int | None]:
     """``nodes.get`` of each key; without ``need_all``, up to the first key absent (its value
     None ends every engine's confirmed run, so nothing past it matters)."""
     if len(keys) > 1:
         try:
-            return list(itemgetter(*keys)(nodes))  # C-level lookups, cheaper than map(get)
+            found: tuple[int, ...] = itemgetter(*keys)(nodes)  # C-level, cheaper than map(get)
+            return found
         except KeyError as missing:
             if not need_all:
                 return list(map(nodes.get, keys[: keys.index(missing.args[0]) + 1]))
