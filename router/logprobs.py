@@ -29,6 +29,7 @@ from router.openai_types import CompletionLogprobs, GenerateLogprob, GenerateLog
 
 FLOOR = -9999.0
 _FLOOR_JSON = msgspec.json.encode(FLOOR)
+_TOP, _NO_TOP = b',"top_logprobs":[', b',"top_logprobs":[]}'
 # Preceding sampled tokens tried when a token is part of a UTF-8 character (4 bytes at most).
 _CONTEXT = 4
 
@@ -136,24 +137,23 @@ class ChoiceLogprobs:
             if head is None:
                 head = self._head(tid)
             if i >= n_rows:
-                add((sep, head, _FLOOR_JSON, e[3], b"]}"))
+                add((sep, head, _FLOOR_JSON, e[1], _NO_TOP))
             elif not limit:
-                add((sep, head, fl[i * width], e[3], b"]}"))
+                add((sep, head, fl[i * width], e[1], _NO_TOP))
             else:
                 # The candidates: the sampled token (column 0) first, then the top-k without
-                # it, at most ``limit``. Each is written once the next one (or the end) tells
-                # whether its tail closes the entry. This loop runs k+1 times per token.
+                # it, at most ``limit``. This loop runs k+1 times per token.
                 base = i * width
                 f = fl[base]
                 sampled = ids[base]
-                prev = e
                 if sampled == tid:
-                    add((sep, head, f, e[3], head, f))
+                    add((sep, head, f, e[1], _TOP, head, f, e[1]))
                 else:  # never from vLLM; kept exact anyway
                     se = table[sampled] if 0 <= sampled < size else None
-                    prev = se if se is not None else info(sampled)
-                    add((sep, head, f, e[3],
-                         prev[0] if prev[0] is not None else self._head(sampled), f))
+                    if se is None:
+                        se = info(sampled)
+                    add((sep, head, f, e[1], _TOP,
+                         se[0] if se[0] is not None else self._head(sampled), f, se[1]))
                 left = limit - 1
                 for col in range(base + 1, base + width):
                     if not left:
@@ -166,9 +166,8 @@ class ChoiceLogprobs:
                     if te is None:
                         te = info(t)
                     h = te[0]
-                    add((prev[1], h if h is not None else self._head(t), fl[col]))
-                    prev = te
-                parts.append(prev[2])
+                    add((b"},", h if h is not None else self._head(t), fl[col], te[1]))
+                parts.append(b"}]}")
             sep = b","
             ctx.append(tid)
             if len(ctx) > _CONTEXT:
