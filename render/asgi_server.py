@@ -1,0 +1,117 @@
+"""Serve an ASGI app on a bound socket: Hypercorn (h11; the default) or uvicorn (httptools).
+
+Both services (render, router) serve through this one function, so the HTTP server is a setting,
+not a fork in the code. Hypercorn is the default the issues specify. uvicorn with httptools (llhttp,
+C) parses a request for a fraction of h11's (pure Python) CPU — ~0.1-0.2 ms against ~0.5-0.7 ms per
+request here, measured side by side (docs/benchmarks.md) — so `--http-server uvicorn` is offered to
+deployments where per-request CPU matters most. Everything above the server (routes, raw ASGI SSE
+writes, disconnect detection, draining) is plain ASGI and behaves the same on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+SERVERS = ("hypercorn", "uvicorn")
+DEFAULT_SERVER = "hypercorn"
+
+Shutdown = Callable[[], Awaitable[object]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    server: str = DEFAULT_SERVER
+    backlog: int = 2048  # a burst of connections must not be refused
+    keep_alive_timeout: float = 75.0
+    graceful_timeout: float = 30.0  # after shutdown: open requests get this long
+    startup_timeout: float = 900.0  # lifespan startup (loading big tokenizers on a busy box)
+    access_log: bool = False
+    error_log: bool = True  # False: the caller's logging owns the server's loggers
+    max_head_bytes: int = 64 * 1024  # request line + headers
+
+    def __post_init__(self) -> None:
+        if self.server not in SERVERS:
+            raise ValueError(f"http server must be one of {SERVERS}, got {self.server!r}")
+
+
+async def serve_asgi(app: Any, sock: socket.socket, opts: ServeOptions,
+                     shutdown: Shutdown | None = None) -> None:
+    """Serve ``app`` on the listening ``sock`` until ``shutdown()`` returns (then open requests
+    get ``graceful_timeout``). Without ``shutdown`` the server's own SIGINT/SIGTERM handling
+    stops it. The caller runs the event loop (uvloop) and closes ``sock`` afterwards."""
+    if opts.server == "uvicorn":
+        await _uvicorn(app, sock, opts, shutdown)
+    else:
+        await _hypercorn(app, sock, opts, shutdown)
+
+
+async def _hypercorn(app: Any, sock: socket.socket, opts: ServeOptions,
+                     shutdown: Shutdown | None) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    hc = Config()
+    # Hypercorn closes the descriptor it served: give it its own, the caller closes ``sock``.
+    hc.bind = [f"fd://{os.dup(sock.fileno())}"]
+    hc.backlog = opts.backlog  # Hypercorn re-listens with its own backlog (default 100)
+    hc.accesslog = "-" if opts.access_log else None
+    hc.errorlog = "-" if opts.error_log else None
+    hc.keep_alive_timeout = opts.keep_alive_timeout
+    hc.graceful_timeout = opts.graceful_timeout
+    hc.startup_timeout = opts.startup_timeout
+    hc.h11_max_incomplete_size = opts.max_head_bytes
+    await serve(app, hc, shutdown_trigger=shutdown)
+
+
+async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
+                   shutdown: Shutdown | None) -> None:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if shutdown is None:
+                with super().capture_signals():
+                    yield
+            else:  # the caller owns the signals (e.g. the router flips readiness first)
+                yield
+
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        ws="none",
+        loop="none",  # the caller runs the loop (uvloop)
+        lifespan="on",
+        access_log=opts.access_log,
+        log_config=None if not opts.error_log else uvicorn.config.LOGGING_CONFIG,
+        log_level="info" if opts.access_log else "warning",
+        proxy_headers=False,  # no X-Forwarded-* rewriting: one coroutine less per request
+        server_header=False,
+        backlog=opts.backlog,
+        timeout_keep_alive=math.ceil(opts.keep_alive_timeout),
+        timeout_graceful_shutdown=math.ceil(opts.graceful_timeout),
+        h11_max_incomplete_event_size=opts.max_head_bytes,
+        limit_max_requests=None,  # as vLLM's servers: no cap per process or connection
+    )
+    server = Server(config)
+    trigger = None
+    if shutdown is not None:
+        async def stop_when_told() -> None:
+            await shutdown()
+            server.should_exit = True
+
+        trigger = asyncio.create_task(stop_when_told(), name="asgi-shutdown")
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if trigger is not None:
+            trigger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trigger
