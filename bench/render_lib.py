@@ -23,7 +23,7 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from render import Renderer, fast_bpe  # noqa: E402
+from render import Renderer, fast_bpe, fast_tokens  # noqa: E402
 from render.protocol import ChatCompletionRequest  # noqa: E402
 
 WORDS = (
@@ -63,10 +63,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=60)
     args = ap.parse_args()
-    r = Renderer.load()
-    plain = Renderer.load(cache_bytes=0)
+    r = Renderer.load()  # the default: fastokens + its segment cache (render/fast_tokens.py)
+    pieces_r = Renderer.load(fast_tokenizer=False)  # the fallback: piece cache + tiktoken
+    plain = Renderer.load(cache_bytes=0, fast_tokenizer=False)
     tok = r.tokenizer
     fast = fast_bpe.build(tok)
+    tok_file = Path(__file__).resolve().parent.parent / "render/models/qwen3/tokenizer.json"
+    plain_fast = fast_tokens.build(tok_file, tok, 0) if r.fast else None
     rows: list[tuple[str, int, float, float]] = []
     for label, n_words in (("1k", 900), ("10k", 9000)):
         req = chat(1, n_words)
@@ -84,8 +87,12 @@ def main() -> None:
             ),
             "template render only": lambda req=req: r.chat_prompt(req),
         }
+        if plain_fast is not None:
+            variants["fastokens encode (render/fast_tokens.py, cache off)"] = (
+                lambda text=text, f=plain_fast: f.encode(text)
+            )
         if fast is not None:
-            pieces = [p for p in r.pieces.split(text) if isinstance(p, str)]
+            pieces = [p for p in pieces_r.pieces.split(text) if isinstance(p, str)]
             variants["tiktoken fast BPE on the pieces (render/fast_bpe.py)"] = (
                 lambda pieces=pieces: fast(pieces)
             )
@@ -105,6 +112,14 @@ def main() -> None:
         rows.append(
             (
                 f"{label}: chat, unique prompts, piece cache + fast BPE (cold)",
+                n_tok,
+                *_time(lambda it=it: pieces_r.chat_token_ids(next(it)), args.repeat),
+            )
+        )
+        it = iter([chat(s + 7000, n_words) for s in range(args.repeat)])
+        rows.append(
+            (
+                f"{label}: chat, unique prompts, fastokens (default, cold)",
                 n_tok,
                 *_time(lambda it=it: r.chat_token_ids(next(it)), args.repeat),
             )
@@ -135,9 +150,17 @@ def main() -> None:
         it = iter(grow)
         rows.append(
             (
-                f"{label}: multi-turn, growing history (cache)",
+                f"{label}: multi-turn, growing history (fastokens segment cache, default)",
                 n_tok,
                 *_time(lambda it=it: r.chat_token_ids(next(it)), args.repeat),
+            )
+        )
+        it = iter(grow)
+        rows.append(
+            (
+                f"{label}: multi-turn, growing history (piece cache)",
+                n_tok,
+                *_time(lambda it=it: pieces_r.chat_token_ids(next(it)), args.repeat),
             )
         )
         it = iter(grow)
