@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from render.asgi_server import DEFAULT_SERVER
 from router.config import EngineSpec, Limits, RouterConfig
 from router.main import bind_socket, serve
 from router.policy import PolicyConfig
@@ -37,6 +38,7 @@ class ClusterOptions:
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
+    http_server: str = DEFAULT_SERVER
 
 
 class LocalCluster:
@@ -66,7 +68,8 @@ class LocalCluster:
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
                             limits=self.options.limits, api_key=self.options.api_key,
-                            log_json=False, log_level="WARNING")
+                            log_json=False, log_level="WARNING",
+                            http_server=self.options.http_server)
 
     def kv_config(self, name: str) -> KVEventsConfig:
         return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
@@ -150,7 +153,7 @@ class LocalCluster:
             self._error = exc
             started.set()
         finally:
-            with contextlib.suppress(OSError):  # hypercorn closes the fd it served
+            with contextlib.suppress(OSError):  # already closed if the loop failed early
                 sock.close()
 
     def _set_app(self, app: Any) -> None:

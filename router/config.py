@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from render.asgi_server import DEFAULT_SERVER, SERVERS
 from router.policy import POLICIES, PolicyConfig
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
@@ -70,6 +71,13 @@ class RouterConfig:
     api_key: str | None = None
     log_json: bool = True
     log_level: str = "INFO"
+    # The HTTP server: "hypercorn" (h11) or "uvicorn" (httptools, less CPU per request); see
+    # render/asgi_server.py.
+    http_server: str = DEFAULT_SERVER
+
+    def __post_init__(self) -> None:
+        if self.http_server not in SERVERS:
+            raise ValueError(f"http_server must be one of {SERVERS}, got {self.http_server!r}")
 
 
 def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
@@ -153,6 +161,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on public endpoints")
     parser.add_argument("--log-level")
     parser.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
+    parser.add_argument("--http-server", choices=SERVERS,
+                        help=f"HTTP server (default {DEFAULT_SERVER}; uvicorn: httptools, "
+                             "less CPU per request)")
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
@@ -178,7 +189,8 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
 def from_args(args: argparse.Namespace) -> RouterConfig:
     data: dict[str, Any] = load_file(args.config) if args.config else {}
     for key in ("host", "port", "model", "served_model_name", "tokenizer", "chat_template",
-                "max_model_len", "render_url", "join_address", "api_key", "log_level"):
+                "max_model_len", "render_url", "join_address", "api_key", "log_level",
+                "http_server"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.plain_logs:

@@ -1,19 +1,18 @@
-"""`kvroute router`: parse the config once, serve (uvicorn, httptools, uvloop), drain on SIGTERM."""
+"""`kvroute router`: parse the config once, serve it (Hypercorn or uvicorn), drain on SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import math
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 from starlette.applications import Starlette
 
+from render.asgi_server import ServeOptions, serve_asgi
 from router import logs
 from router.app import create_app
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
@@ -30,38 +29,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server(cfg: RouterConfig, app: Starlette) -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn without its own signal handlers: SIGTERM is ours (readiness flips, streams
-        drain, then the server closes), set through ``serve``'s ``stop`` event."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    config = uvicorn.Config(
-        app,
-        # httptools (llhttp, C): ~0.19 ms of CPU per request here against ~0.7 ms for Hypercorn's
-        # h11 (pure Python) under the same trivial app, measured side by side; that difference
-        # alone was a third of the router's added TTFT (docs/benchmarks.md, router (b)).
-        http="httptools",
-        ws="none",
-        loop="none",  # the caller runs uvloop
-        lifespan="on",
-        access_log=False,
-        log_config=None,  # router.logs configures logging; uvicorn's loggers propagate to it
-        proxy_headers=False,  # no per-request middleware we do not use
-        server_header=False,
-        backlog=2048,  # a burst of connections must not be dropped (the default is 2048 too)
-        timeout_keep_alive=75,
-        timeout_graceful_shutdown=math.ceil(cfg.limits.drain_timeout),
-        limit_max_requests=None,  # no cap on requests per process or keep-alive connection
-    )
-    return Server(config)
-
-
 async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
                 on_started: Callable[[], None] | None = None,
                 on_app: Callable[[Starlette], None] | None = None) -> None:
@@ -69,24 +36,19 @@ async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
     app = create_app(cfg)
     if on_app is not None:
         on_app(app)
-    server = _server(cfg, app)
     lifecycle = app.state.lifecycle
 
     async def shutdown_trigger() -> None:
         await stop.wait()
         await lifecycle.drain(cfg.limits.drain_timeout)
-        server.should_exit = True
 
-    trigger = asyncio.create_task(shutdown_trigger(), name="shutdown-trigger")
     if on_started is not None:
         loop = asyncio.get_running_loop()
         loop.call_soon(on_started)
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        trigger.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await trigger
+    # SIGTERM is ours (readiness flips, streams drain, then the server closes), not the server's.
+    opts = ServeOptions(server=cfg.http_server, graceful_timeout=cfg.limits.drain_timeout,
+                        error_log=False)  # router.logs configures logging
+    await serve_asgi(app, sock, opts, shutdown_trigger)
 
 
 async def _main(cfg: RouterConfig) -> None:
@@ -98,8 +60,7 @@ async def _main(cfg: RouterConfig) -> None:
     try:
         await serve(cfg, sock, stop)
     finally:
-        with contextlib.suppress(OSError):  # the server closes the socket it served
-            sock.close()
+        sock.close()
 
 
 def run(coro_factory: Callable[[], object]) -> None:

@@ -59,6 +59,8 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
     assert cfg.engines[0].name == "x" and cfg.engines[0].block_size == 128
     assert cfg.engines[0].kv_events == "tcp://h:2"
     assert cfg.engines[1].name == "engine-1" and cfg.engines[1].handshake == "ipc:///tmp/e.hs"
+    assert cfg.http_server == "hypercorn"  # the default the issues specify
+    assert parse(["--http-server", "uvicorn"]).http_server == "uvicorn"
 
 
 @pytest.mark.parametrize("data, needle", [
@@ -68,6 +70,7 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
      "duplicate"),
     ({"engines": [{"handshake": "x", "color": 1}]}, "engines[0]"),
     ({"limits": {"max_queue": 1, "bogus": 2}}, "limits"),
+    ({"http_server": "gunicorn"}, "http_server must be one of"),
 ])
 def test_config_errors_name_the_key(data: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):

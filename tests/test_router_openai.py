@@ -12,15 +12,18 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from render.asgi_server import SERVERS
 from render.models import __file__ as _models_init
 from router.cluster import ClusterOptions, LocalCluster
 
 SYSTEM = "You are a terse assistant that answers in one sentence. " * 6
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(ClusterOptions(engines=3, sim={"step_time": 0.002})) as c:
+@pytest.fixture(scope="module", params=SERVERS)
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """The whole suite runs on each HTTP server the router can serve on."""
+    opts = ClusterOptions(engines=3, sim={"step_time": 0.002}, http_server=request.param)
+    with LocalCluster(opts) as c:
         yield c
 
 
