@@ -47,11 +47,21 @@ import sys
 from array import array
 from collections.abc import Hashable, Sequence
 from struct import Struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
 import xxhash
+
+try:  # radix needs only the stdlib and xxhash; numpy, when installed, hashes long prompts faster
+    import numpy as np
+
+    HAVE_NUMPY = True
+except ImportError:  # pragma: no cover - exercised by tests/test_radix_prompt.py in a subprocess
+    HAVE_NUMPY = False
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    U64 = npt.NDArray[np.uint64]
 
 # vLLM's own block hashes are cut to this many bits (see index._norm): small ints, like our keys.
 KEY_MASK = (1 << 60) - 1
@@ -62,8 +72,6 @@ NUMPY_MIN_BLOCKS = 64
 # larger token ids or blocks take the Python path (same keys, slower).
 _NUMPY_MAX_TOKEN = 1 << 24
 _NUMPY_MAX_BLOCK = 512
-
-U64 = npt.NDArray[np.uint64]
 
 
 def token_array(tokens: Sequence[int]) -> array[int]:
@@ -126,12 +134,13 @@ class KeySpace:
         self.base = (x2 + p2 * ((x1 - x2) * pow(p2, -1, p1) % p1)) % self.modulus
         self._seed = rng.getrandbits(64)
         self._primes = (p1, p2)
-        self._p = np.array([[p1], [p2]], dtype=np.uint64)
         self._x0 = (x1, x2)
         self._crt = pow(p2, -1, p1)
         self._digits: dict[int, U64] = {}  # block size -> (size, 2): 2**(32 j) mod p
-        self._xpow: U64 = np.empty((2, 0), dtype=np.uint64)  # x**k, k = 1.. per prime
-        self._xinv: U64 = np.empty((2, 0), dtype=np.uint64)  # x**-k
+        if HAVE_NUMPY:
+            self._p = np.array([[p1], [p2]], dtype=np.uint64)
+            self._xpow: U64 = np.empty((2, 0), dtype=np.uint64)  # x**k, k = 1.. per prime
+            self._xinv: U64 = np.empty((2, 0), dtype=np.uint64)  # x**-k
         self._splitters: dict[int, Struct] = {}  # block size -> cuts a buffer into blocks
 
     def root(self, block_size: int, namespace: Hashable) -> int:
@@ -153,7 +162,7 @@ class KeySpace:
         :func:`token_array`), chained from ``seed``: a root, a parent block's key, or the key of
         block ``first - 1``."""
         end = len(tokens) // block_size if stop is None else stop
-        if end - first >= NUMPY_MIN_BLOCKS and block_size <= _NUMPY_MAX_BLOCK:
+        if HAVE_NUMPY and end - first >= NUMPY_MIN_BLOCKS and block_size <= _NUMPY_MAX_BLOCK:
             keys = self._chain_numpy(tokens, block_size, seed, first, end)
             if keys is not None:
                 return keys

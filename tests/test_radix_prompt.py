@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -142,3 +145,30 @@ def test_a_prepared_prompt_routes_like_the_token_calls() -> None:
     assert by_tokens.note_routed("b", tokens, None, 1.0, 5.0) == 5
     assert by_keys.match_keys(prompt, 2.0) == by_tokens.match(tokens, None, 2.0)
     assert by_keys.match(tokens, None, 2.0)["b"].optimistic_tokens == 40
+
+
+def test_radix_runs_without_numpy_and_gives_the_same_keys() -> None:
+    """radix needs only the stdlib and xxhash: with numpy unimportable the keys are identical."""
+    script = """
+import random, sys
+sys.modules["numpy"] = None  # any `import numpy` now raises ImportError
+from radix import PrefixIndex
+from radix.keys import HAVE_NUMPY, KeySpace, token_array
+assert not HAVE_NUMPY
+rng = random.Random(3)
+space = KeySpace(random.Random(11))
+tokens = [rng.randrange(150_000) for _ in range(16 * 300)]
+print(space.chain(token_array(tokens), 16, space.root(16, None)))
+index = PrefixIndex(max_blocks=1000)
+index.add_engine("e", 16)
+index.note_routed("e", tokens, None, 0.0, 10.0)
+print(index.match(tokens, None, 1.0)["e"].optimistic_tokens)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parent.parent).stdout.split("\n")
+    rng = random.Random(3)
+    space = KeySpace(random.Random(11))
+    tokens = [rng.randrange(150_000) for _ in range(16 * 300)]
+    with_numpy = space.chain(token_array(tokens), 16, space.root(16, None))
+    assert out[0] == str(with_numpy)
+    assert out[1] == str(len(tokens))
