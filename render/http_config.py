@@ -14,6 +14,9 @@ DEFAULT_PORT = 8100
 # thread: the handoff costs ~0.3 ms of CPU, more than a whole 10k-token render on the fast path.
 DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
+# uvicorn + httptools by default here: the render request is short, so h11's ~0.4 ms more CPU per
+# request under Hypercorn is a third to a half of it (docs/benchmarks.md, render service).
+DEFAULT_HTTP_SERVER = "uvicorn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,7 @@ class ServerConfig:
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
     render_threads: int = 2
     access_log: bool = False
+    http_server: str = DEFAULT_HTTP_SERVER
     switch_interval: float = 0.0005
 
     @property
@@ -120,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "predicts at most this many ms (0: always on a thread)")
     p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    p.add_argument("--http-server", choices=("uvicorn", "hypercorn"), default=DEFAULT_HTTP_SERVER,
+                   help="uvicorn (httptools, least CPU per request) or Hypercorn (h11)")
     return p
 
 
@@ -152,4 +158,5 @@ def parse_args(argv: list[str]) -> ServerConfig:
         inline_budget_ms=a.inline_budget_ms,
         render_threads=a.render_threads,
         access_log=a.access_log,
+        http_server=a.http_server,
     )

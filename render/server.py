@@ -1,4 +1,4 @@
-"""`kvroute render`: the render service over HTTP (Starlette on uvicorn/httptools, uvloop).
+"""`kvroute render`: the render service over HTTP (Starlette on uvicorn or Hypercorn, uvloop).
 
     POST /v1/chat/completions/render   ChatCompletionRequest  -> GenerateRequest
     POST /v1/completions/render        CompletionRequest      -> [GenerateRequest, ...]
@@ -296,31 +296,12 @@ def _bind(cfg: ServerConfig) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(cfg: ServerConfig, app: Any) -> Any:
-    import uvicorn
-
-    return uvicorn.Config(
-        app,
-        # uvicorn's httptools protocol (llhttp, C) costs ~0.1-0.15 ms of CPU per request here;
-        # Hypercorn's h11 (pure Python) cost ~0.5-0.6 ms, as much as vllm-rs's whole 1k render.
-        http="httptools",
-        loop="none",  # the worker runs uvloop itself
-        lifespan="on",
-        access_log=cfg.access_log,
-        log_level="info" if cfg.access_log else "warning",
-        backlog=1024,
-        # Like vLLM's servers: no cap on requests per keep-alive connection.
-        limit_max_requests=None,
-        # No X-Forwarded-* rewriting: the render service answers token ids, not client addresses,
-        # and the middleware is one more coroutine per request.
-        proxy_headers=False,
-    )
-
-
 def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None:
-    """One serving process (or the only one): builds the app and runs uvicorn on uvloop."""
-    import uvicorn
+    """One serving process (or the only one): builds the app and serves it on uvloop."""
     import uvloop
+
+    from render.asgi_server import ServeOptions, serve_asgi
+    from render.fast_route import FastRenderRoute  # it imports this module
 
     url = f"http://{cfg.host}:{cfg.port}"
     # A render thread running Python (template, cache lookups) holds the GIL for up to the switch
@@ -330,29 +311,16 @@ def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None
     def ready() -> None:
         print(f"kvroute render: ready on {url} (pid {os.getpid()})", flush=True)
 
-    from render.fast_route import FastRenderRoute  # it imports this module
-
     app = FastRenderRoute(create_app(cfg, on_ready=ready))
-    server = uvicorn.Server(_uvicorn_config(cfg, app))
+    opts = ServeOptions(server=cfg.http_server, backlog=1024, access_log=cfg.access_log)
+    shutdown = None
+    if shutdown_event is not None:
+        async def shutdown() -> None:
+            # A cross-process Event has no awaitable form: poll it (0.2 s stop latency).
+            while not shutdown_event.is_set():
+                await asyncio.sleep(0.2)
 
-    async def run() -> None:
-        watcher = None
-        if shutdown_event is not None:
-            watcher = asyncio.create_task(_watch_shutdown(shutdown_event, server))
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-
-    uvloop.run(run())
-
-
-async def _watch_shutdown(event: Any, server: Any) -> None:
-    """Stops this worker when the supervisor sets the shared multiprocessing Event."""
-    while not event.is_set():
-        await asyncio.sleep(0.2)  # a cross-process Event has no awaitable form; 0.2 s latency
-    server.should_exit = True
+    uvloop.run(serve_asgi(app, sock, opts, shutdown))
 
 
 def serve(cfg: ServerConfig) -> int:

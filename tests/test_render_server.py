@@ -253,6 +253,16 @@ def _metric(text: str, name: str, labels: str) -> float:
     return total
 
 
+def test_hypercorn_serves_the_same_answers(url: str) -> None:
+    """``--http-server hypercorn`` (the issue's server) answers as the default uvicorn does."""
+    path = "/v1/chat/completions/render"
+    body = {"messages": HI, "request_id": "same"}
+    with render_server("--http-server", "hypercorn") as hyper:
+        assert post(hyper, path, body).json() == post(url, path, body).json()
+        err = assert_openai_error(post(hyper, path, {"model": "nope", "messages": HI}), 404)
+        assert (err["type"], err["param"]) == ("NotFoundError", "model")
+
+
 def test_two_workers_share_the_port() -> None:
     with render_server("--workers", "2", workers=2) as u:
         pids: set[str] = set()
