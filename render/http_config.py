@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from render.asgi_server import DEFAULT_SERVER, SERVERS
+
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "qwen3"
 EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
 DEFAULT_PORT = 8100
@@ -14,9 +16,9 @@ DEFAULT_PORT = 8100
 # thread: the handoff costs ~0.3 ms of CPU, more than a whole 10k-token render on the fast path.
 DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
-# uvicorn + httptools by default here: the render request is short, so h11's ~0.4 ms more CPU per
-# request under Hypercorn is a third to a half of it (docs/benchmarks.md, render service).
-DEFAULT_HTTP_SERVER = "uvicorn"
+# Hypercorn by default, as the issue specifies; `--http-server uvicorn` (httptools) saves ~0.4 ms
+# of CPU per request, a third to a half of a short render (docs/benchmarks.md, render service).
+DEFAULT_HTTP_SERVER = DEFAULT_SERVER
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "predicts at most this many ms (0: always on a thread)")
     p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
-    p.add_argument("--http-server", choices=("uvicorn", "hypercorn"), default=DEFAULT_HTTP_SERVER,
-                   help="uvicorn (httptools, least CPU per request) or Hypercorn (h11)")
+    p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
+                   help="hypercorn (h11; default) or uvicorn (httptools, least CPU per request)")
     return p
 
 

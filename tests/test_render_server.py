@@ -253,11 +253,11 @@ def _metric(text: str, name: str, labels: str) -> float:
     return total
 
 
-def test_hypercorn_serves_the_same_answers(url: str) -> None:
-    """``--http-server hypercorn`` (the issue's server) answers as the default uvicorn does."""
+def test_uvicorn_serves_the_same_answers(url: str) -> None:
+    """``--http-server uvicorn`` answers as the default (Hypercorn, the issue's server) does."""
     path = "/v1/chat/completions/render"
     body = {"messages": HI, "request_id": "same"}
-    with render_server("--http-server", "hypercorn") as hyper:
+    with render_server("--http-server", "uvicorn") as hyper:
         assert post(hyper, path, body).json() == post(url, path, body).json()
         err = assert_openai_error(post(hyper, path, {"model": "nope", "messages": HI}), 404)
         assert (err["type"], err["param"]) == ("NotFoundError", "model")
