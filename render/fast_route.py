@@ -3,9 +3,9 @@
 Starlette's route matching, Request object, exception and metrics middleware cost ~0.08 ms of a
 ~0.6-0.8 ms render request. This route answers a well-formed chat or completion render itself
 (same JSON, same metrics) and hands everything else to the Starlette app untouched: other paths,
-bodies without a Content-Length or over the limit, and any request whose render raises — that
-one is replayed into the app with the body already read, so every error keeps its single mapping
-(render/http_errors.py). Rendering is deterministic, so the replay fails the same way.
+bodies without a Content-Length or over the limit. A render that raises is answered by the very
+handler the app maps that exception to (render/http_errors.py), so every error keeps its single
+mapping and a failing render is not run twice.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from starlette.requests import Request
+
+from render.http_errors import EXCEPTION_HANDLERS, Handler
 from render.server import render_in
 
 Scope = MutableMapping[str, Any]
@@ -60,8 +63,10 @@ class FastRenderRoute:
         body = b"".join(chunks)
         try:
             payload, tokens, model = await self._render(state, path, body)
-        except Exception:
-            await self.app(scope, _replay(body), send)
+        except Exception as exc:  # answered by the app's own handler for it (one mapping)
+            response = await _handler(exc)(Request(scope), exc)
+            await response(scope, receive, send)
+            state["metrics"].request_done(path, response.status_code, time.perf_counter() - t0)
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_HEADERS, (b"content-length", str(len(payload)).encode())]})
@@ -88,15 +93,10 @@ class FastRenderRoute:
         return codecs.encoder.encode(out), tokens, renderer.served_model_name
 
 
-def _replay(body: bytes) -> Receive:
-    """A receive that hands the app the body this route already read, then a disconnect."""
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    return receive
+def _handler(exc: Exception) -> Handler:
+    """The exception handler the Starlette app would pick for ``exc`` (nearest class first)."""
+    for cls in type(exc).__mro__:
+        handler = EXCEPTION_HANDLERS.get(cls)
+        if handler is not None:
+            return handler
+    return EXCEPTION_HANDLERS[Exception]
