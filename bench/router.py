@@ -69,8 +69,9 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def start_router(tmp: Path, engines: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    flags = []
+def start_router(tmp: Path, engines: list[str], *extra: str
+                 ) -> tuple[subprocess.Popen[bytes], int]:
+    flags = [*extra]
     for name in engines:
         flags += ["--engine", f"{name}=ipc://{tmp}/{name}.hs"]
     return start_router_flags(flags)
@@ -100,7 +101,7 @@ def spawn_engine(tmp: Path, name: str, *flags: str) -> subprocess.Popen[bytes]:
 
 # ---- (b) added TTFT ----------------------------------------------------------------------------
 
-async def part_b(n: int, warmup: int = 50) -> dict[str, float]:
+async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn") -> dict[str, float]:
     """Two identical sim engine processes (zero engine time): one behind the bench's own
     EngineClient (direct), one behind a `kvroute router` process. Requests alternate one by one
     between the paths (the order flips every pair), so this shared machine's load drifts hit
@@ -111,7 +112,7 @@ async def part_b(n: int, warmup: int = 50) -> dict[str, float]:
     # Zero engine time: what is left is transport + the router itself.
     zero = ("--step-time", "0", "--prefill-time-per-token", "0")
     engines = [spawn_engine(tmp, name, *zero) for name in ("d", "r")]
-    router, port = start_router(tmp, ["r"])
+    router, port = start_router(tmp, ["r"], "--http-server", http_server)
     client = EngineClient([link_spec(EngineSpec("d", f"ipc://{tmp}/d.hs"))])
     proc = psutil.Process(router.pid)
     rng = random.Random(0)
@@ -365,6 +366,8 @@ def plot(c: dict[str, dict[str, float]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="b,c,cpu")
+    p.add_argument("--http-server", default="hypercorn", choices=("hypercorn", "uvicorn"),
+                   help="the router's HTTP server in part (b)")
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")
     p.add_argument("--engines", type=int, default=8)
@@ -388,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if "b" in parts:
         print(f"(b) added TTFT: router vs straight to an identical engine (max_tokens=1, "
               f"{a.b_requests} interleaved pairs per path kind)")
-        results["b"] = asyncio.run(part_b(a.b_requests))
+        results["b"] = asyncio.run(part_b(a.b_requests, http_server=a.http_server))
         b = results["b"]
         for kind in ("token_in", "chat"):
             print(f"  {kind:<8} " + json.dumps({k[len(kind) + 1:]: round(v, 3)
