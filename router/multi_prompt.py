@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import msgspec
-
 from router.dispatch import Routed
 from router.openai_types import Chunk, Completion, PromptTokensDetails, Usage
 from router.pipeline import Pipeline, PipelineSpec
@@ -109,5 +107,8 @@ class PipelineGroup:
         """A prompt's chunk as the response's: the response id, choices at global indexes."""
         if not isinstance(chunk, Completion):
             raise TypeError(f"multi-prompt requests are completions, got {type(chunk).__name__}")
-        choices = [msgspec.structs.replace(c, index=c.index + offset) for c in chunk.choices]
-        return msgspec.structs.replace(chunk, id=self.spec.request_id, choices=choices)
+        # Each feed builds a fresh chunk, so it is re-labelled in place (no copies per token).
+        chunk.id = self.spec.request_id
+        for c in chunk.choices:
+            c.index += offset
+        return chunk
