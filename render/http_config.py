@@ -16,6 +16,8 @@ DEFAULT_PORT = 8100
 # thread: the handoff costs ~0.3 ms of CPU, more than a whole 10k-token render on the fast path.
 DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
+# Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
+DEFAULT_INLINE_MAX_BYTES = 65536
 # Hypercorn by default, as the issue specifies; `--http-server uvicorn` (httptools) saves ~0.4 ms
 # of CPU per request, a third to a half of a short render (docs/benchmarks.md, render service).
 DEFAULT_HTTP_SERVER = DEFAULT_SERVER
@@ -42,6 +44,7 @@ class ServerConfig:
     allow_request_chat_template: bool = False
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
+    inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
     render_threads: int = 2
     access_log: bool = False
     http_server: str = DEFAULT_HTTP_SERVER
@@ -124,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inline-budget-ms", type=float, default=DEFAULT_INLINE_BUDGET_MS,
                    help="bigger bodies render on a thread unless the model's measured cost "
                         "predicts at most this many ms (0: always on a thread)")
+    p.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
+                   help="bodies above this size always render on a thread")
     p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
@@ -146,6 +151,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
     for name, value, low in (("--workers", a.workers, 1), ("--max-body-bytes", a.max_body_bytes, 1),
                              ("--offload-bytes", a.offload_bytes, 0),
                              ("--inline-budget-ms", a.inline_budget_ms, 0),
+                             ("--inline-max-bytes", a.inline_max_bytes, 0),
                              ("--render-threads", a.render_threads, 1), ("--port", a.port, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
@@ -158,6 +164,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
         allow_request_chat_template=a.allow_request_chat_template,
         offload_bytes=a.offload_bytes,
         inline_budget_ms=a.inline_budget_ms,
+        inline_max_bytes=a.inline_max_bytes,
         render_threads=a.render_threads,
         access_log=a.access_log,
         http_server=a.http_server,
