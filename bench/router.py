@@ -50,7 +50,7 @@ from router.policy import Policy, PolicyConfig  # noqa: E402
 from router.sim.config import KVEventsConfig, default_model_dir  # noqa: E402
 from router.sim.launch import spawn_sim_engine, start_sim_engine  # noqa: E402
 from router.sim.tokens import TokenTable  # noqa: E402
-from router.wire import EngineCoreRequest  # noqa: E402
+from router.wire import EngineCoreEventType, EngineCoreRequest  # noqa: E402
 
 PY = sys.executable
 # (c)'s simulated engine speed: slow enough that engine time, not this shared CPU, dominates TTFT.
@@ -213,14 +213,16 @@ def workload(tok: Any, n: int, tenants: int, seed: int) -> list[tuple[list[int],
 
 async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: int,
                      concurrency: int, tokens: TokenTable, blocks: int,
-                     config: PolicyConfig | None = None) -> dict[str, float]:
+                     config: PolicyConfig | None = None,
+                     engine_time: tuple[float, float] = (STEP_TIME, PREFILL_PER_TOKEN),
+                     ) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix=f"kvr-bench-c-{name}-"))
     specs = [EngineSpec(f"e{i}", f"ipc://{tmp}/e{i}.hs") for i in range(engines_n)]
     client = EngineClient([link_spec(s) for s in specs])
     await client.start()
     sims = {s.name: start_sim_engine(
-        s.handshake, tokens, block_size=16, num_gpu_blocks=blocks, step_time=STEP_TIME,
-        prefill_time_per_token=PREFILL_PER_TOKEN, max_num_seqs=32,
+        s.handshake, tokens, block_size=16, num_gpu_blocks=blocks, step_time=engine_time[0],
+        prefill_time_per_token=engine_time[1], max_num_seqs=32,
         kv_events=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
                                  endpoint=f"ipc://{tmp}/{s.name}.kv",
                                  replay_endpoint=f"ipc://{tmp}/{s.name}.replay"))
@@ -245,55 +247,123 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
         policy = Policy(PolicyConfig(name), index)
     dispatcher = Dispatcher(client, policy, admission, RouterMetrics())
     ttft: list[float] = []
-    cached = prompt = 0
+    waits: list[float] = []  # engine-side: QUEUED -> (last) SCHEDULED, blocks/seqs to free up
+    execs: list[float] = []  # engine-side: SCHEDULED -> first output here (the prefill step)
+    per_engine: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    tenant_engines: dict[tuple[int, ...], set[str]] = {}  # prompt head -> engines it went to
+    cached = prompt = preempted = 0
     queue = list(enumerate(reqs))
     queue.reverse()
 
     async def worker() -> None:
-        nonlocal cached, prompt
+        nonlocal cached, prompt, preempted
         while queue:
             i, (ids, _) = queue.pop()
-            t0 = time.perf_counter()
+            t0 = time.monotonic()  # the sim engines' event clock (same process)
             routed = await dispatcher.open(f"{name}-{i}", ids,
                                            SamplingParams(max_tokens=8, temperature=0.0))
-            ttft.append(time.perf_counter() - t0)
-            stats = routed.first[0].prefill_stats or {}
+            t1 = time.monotonic()
+            ttft.append(t1 - t0)
+            first = routed.first[0]
+            stamps = {e.type: e.timestamp for e in first.events or ()}  # last of each type
+            if EngineCoreEventType.SCHEDULED in stamps:
+                waits.append(stamps[EngineCoreEventType.SCHEDULED]
+                             - stamps.get(EngineCoreEventType.QUEUED, t0))
+                execs.append(t1 - stamps[EngineCoreEventType.SCHEDULED])
+            preempted += EngineCoreEventType.PREEMPTED in stamps
+            engine = routed.decision.engine
+            per_engine[engine] = per_engine.get(engine, 0) + 1
+            reason = routed.decision.reason
+            reasons[reason] = reasons.get(reason, 0) + 1
+            tenant_engines.setdefault(tuple(ids[:32]), set()).add(engine)
+            stats = first.prefill_stats or {}
             cached += int(stats.get("num_cached_tokens", 0))
             prompt += len(ids)
             async for _ in routed.outputs(0):
                 pass
             dispatcher.done(routed)
 
-    t0 = time.perf_counter()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     watch.cancel()
     await kv.close()
     await client.close()
     for s in sims.values():
         s.stop()
     return {"hit_rate": cached / prompt, "ttft_p50_ms": pct(ttft, 0.5) * 1e3,
-            "ttft_p99_ms": pct(ttft, 0.99) * 1e3, "req_per_s": len(reqs) / wall}
+            "ttft_p99_ms": pct(ttft, 0.99) * 1e3, "ttft_mean_ms": statistics.fmean(ttft) * 1e3,
+            "wait_p50_ms": pct(waits, 0.5) * 1e3, "wait_mean_ms": statistics.fmean(waits) * 1e3,
+            "exec_p50_ms": pct(execs, 0.5) * 1e3, "exec_mean_ms": statistics.fmean(execs) * 1e3,
+            "max_engine_share": max(per_engine.values()) * engines_n / len(reqs),
+            "preempted": float(preempted), "req_per_s": len(reqs) / wall,
+            "engines_per_tenant": statistics.fmean(len(e) for e in tenant_engines.values()),
+            **{f"share_{r}": reasons.get(r, 0) / len(reqs)
+               for r in ("cold", "prefix_hit", "spill", "imbalance")},
+            "bench_cpu_ms_per_req": cpu / len(reqs) * 1e3, "load_1m": os.getloadavg()[0]}
 
 
 async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: int,
-                 policies: list[str], config: PolicyConfig,
-                 reps: int) -> dict[str, dict[str, float]]:
+                 policies: list[str], config: PolicyConfig, reps: int,
+                 engine_time: tuple[float, float] = (STEP_TIME, PREFILL_PER_TOKEN),
+                 ) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, float]]]]:
+    """Medians per policy, and every repetition's numbers."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
     reqs = workload(tok, n, tenants, seed=1)
     tokens = TokenTable.from_model_dir(default_model_dir())
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in policies}
-    # Interleaved repetitions: this machine is shared, so noise hits every policy alike.
+    shown = ("hit_rate", "ttft_p50_ms", "ttft_p99_ms", "wait_mean_ms", "exec_mean_ms",
+             "max_engine_share", "engines_per_tenant", "share_cold", "share_spill",
+             "bench_cpu_ms_per_req", "load_1m")
+    # Interleaved repetitions, the order rotated each time: this machine is shared, so noise
+    # (and any drift within a repetition) hits every policy alike.
     for rep in range(reps):
-        for name in policies:
-            r = await run_policy(name, reqs, engines, concurrency, tokens, blocks, config)
+        k = rep % len(policies)
+        for name in policies[k:] + policies[:k]:
+            r = await run_policy(name, reqs, engines, concurrency, tokens, blocks, config,
+                                 engine_time)
             runs[name].append(r)
             print(f"  rep {rep} {name:<18} "
-                  f"{json.dumps({k: round(v, 3) for k, v in r.items()})}", flush=True)
-    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-            for name, rs in runs.items()}
+                  f"{json.dumps({key: round(r[key], 3) for key in shown})}", flush=True)
+    return ({name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+             for name, rs in runs.items()}, runs)
+
+
+def report_c(c: dict[str, dict[str, float]], runs: dict[str, list[dict[str, float]]]
+             ) -> dict[str, Any]:
+    """Print (and return) the two targets: the hit-rate ratio and the TTFT ranking per rep."""
+    mine, oracle = runs["cache_aware"], runs["oracle"]
+    per_rep = [m["hit_rate"] / o["hit_rate"] for m, o in zip(mine, oracle, strict=True)]
+    ratio = c["cache_aware"]["hit_rate"] / max(c["oracle"]["hit_rate"], 1e-9)
+    print(f"  cache_aware hit rate = {ratio:.3f} x oracle (per rep: "
+          + ", ".join(f"{r:.3f}" for r in per_rep) + ")")
+    out: dict[str, Any] = {"hit_ratio": ratio, "hit_ratio_per_rep": per_rep}
+    for key in ("ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms"):
+        v = out[key] = ttft_verdict(runs, key)
+        pairs = zip(v["ratio_to_runner_up"], v["winner"], strict=True)
+        print(f"  {key}: cache_aware / best other non-oracle, per rep: "
+              + ", ".join(f"{r:.2f} ({w})" for r, w in pairs)
+              + f"; cache_aware best in every rep: {v['every_rep']}")
+    return out
+
+
+def ttft_verdict(runs: dict[str, list[dict[str, float]]], key: str = "ttft_p50_ms"
+                 ) -> dict[str, Any]:
+    """Per repetition: the best non-oracle policy by ``key`` and cache_aware's ratio to the
+    best of the others (< 1: cache_aware is faster)."""
+    others = [n for n in runs if n not in ("oracle", "cache_aware")]
+    reps = len(runs["cache_aware"])
+    ratios, winners = [], []
+    for i in range(reps):
+        mine = runs["cache_aware"][i][key]
+        rival = min(others, key=lambda n: runs[n][i][key])
+        ratios.append(mine / runs[rival][i][key])
+        winners.append("cache_aware" if mine < runs[rival][i][key] else rival)
+    return {"key": key, "ratio_to_runner_up": ratios, "winner": winners,
+            "every_rep": all(w == "cache_aware" for w in winners)}
 
 
 # ---- whole-router CPU per streamed token -----------------------------------------------------
@@ -379,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
                    default="cache_aware,oracle,sglang_char_tree,shortest_queue,round_robin")
     p.add_argument("--load-weight", type=float, default=PolicyConfig().load_weight)
     p.add_argument("--request-tokens", type=float, default=PolicyConfig().request_tokens)
+    p.add_argument("--cold-load-factor", type=float, default=PolicyConfig().cold_load_factor)
+    p.add_argument("--min-hit-fraction", type=float, default=PolicyConfig().min_hit_fraction)
+    p.add_argument("--step-time", type=float, default=STEP_TIME, help="(c): s per engine step")
+    p.add_argument("--prefill-per-token", type=float, default=PREFILL_PER_TOKEN,
+                   help="(c): engine s per uncached prompt token")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "router_cache.png")
     p.add_argument("--from-json", type=Path, help="only re-plot (c) from a --json file")
@@ -402,19 +477,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(c) cache effectiveness: {a.engines} engines x {a.blocks} blocks, {a.tenants} "
               f"tenants, {a.requests} requests, concurrency {a.concurrency}")
         cfg = PolicyConfig("cache_aware", load_weight=a.load_weight,
-                           request_tokens=a.request_tokens)
-        results["c"] = asyncio.run(part_c(a.requests, a.engines, a.tenants, a.concurrency,
-                                          a.blocks, a.policies.split(","), cfg, a.reps))
+                           request_tokens=a.request_tokens, cold_load_factor=a.cold_load_factor,
+                           min_hit_fraction=a.min_hit_fraction)
+        print(f"  engine: step {a.step_time * 1e3:g} ms + {a.prefill_per_token * 1e3:g} ms per "
+              f"uncached prompt token; load average {os.getloadavg()[0]:.2f}")
+        results["c"], results["c_runs"] = asyncio.run(part_c(
+            a.requests, a.engines, a.tenants, a.concurrency, a.blocks, a.policies.split(","),
+            cfg, a.reps, (a.step_time, a.prefill_per_token)))
+        results["c_argv"] = sys.argv[1:] if argv is None else argv
         print("  medians over reps:")
         for name, r in results["c"].items():
             print(f"  {name:<18} {json.dumps({k: round(v, 3) for k, v in r.items()})}")
         c = results["c"]
         plot(c, a.plot)
-        if "oracle" not in c or "cache_aware" not in c:
-            return 0
-        ratio = c["cache_aware"]["hit_rate"] / max(c["oracle"]["hit_rate"], 1e-9)
-        best = min((v["ttft_p50_ms"], k) for k, v in c.items() if k != "oracle")
-        print(f"  cache_aware hit rate = {ratio:.3f} x oracle; best non-oracle TTFT p50: {best[1]}")
+        if "oracle" in c and "cache_aware" in c and len(c) > 2:
+            results["c_verdict"] = report_c(c, results["c_runs"])
     if "cpu" in parts:
         print("(cpu) router process CPU per streamed token (2 sim engines, /v1/completions SSE)")
         results["cpu"] = asyncio.run(part_cpu(200, 64, 16))
