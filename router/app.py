@@ -41,6 +41,7 @@ from router.config import RouterConfig
 from router.detokenize import TokenDecoder
 from router.dispatch import Dispatcher
 from router.engine_client import EngineClient, EngineLinkError, EngineStatus
+from router.fast_path import FastPath
 from router.fleet import Fleet, link_spec
 from router.kv_subscriber import KVSubscriber
 from router.metrics import RouterMetrics
@@ -119,14 +120,24 @@ class Guard:
 
 
 class RouterApp(Starlette):
-    """Starlette, plus the server's own ``send`` in the scope for SSE body chunks.
+    """Starlette, plus the server's own ``send`` in the scope for SSE body chunks, and the model
+    POSTs served by router/fast_path.py ahead of the middleware stack when it takes them.
 
     Starlette's ServerErrorMiddleware (outermost), Guard and ExceptionMiddleware each wrap
     ``send``; none of them acts on body messages, yet each wrapper costs per token.
     """
 
+    fast: FastPath | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[RAW_SEND] = send
+        fast = self.fast
+        if fast is not None and scope["type"] == "http":
+            opener = fast.take(scope)
+            if opener is not None:
+                scope["app"] = self
+                await fast(opener, scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -285,6 +296,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
     }
     app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers)
     app.add_middleware(Guard, api_key=cfg.api_key, lifecycle=lifecycle)
+    app.fast = FastPath(cfg.api_key, lifecycle, exception_handlers)
     app.state.lifecycle = lifecycle
     return app
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,7 +14,7 @@ from starlette.responses import Response
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest
 from render.sampling import SamplingParams
-from render.server import json_response, read_body, run_render
+from render.server import json_response, read_body, render_in
 from router.config import EngineSpec
 from router.dispatch import Routed
 from router.multi_prompt import PipelineGroup, RoutedGroup
@@ -22,6 +22,10 @@ from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from router.respond import EngineResponse, client_disconnected
 
 T = TypeVar("T")
+Receive = Callable[[], Awaitable[Any]]
+
+# How long an opening may wait on its engine before a watcher for the client's disconnect starts.
+WATCH_AFTER = 0.005
 
 # vLLM's detokenizer seeds non-byte-level decoding with the last few prompt tokens.
 PROMPT_TAIL = 6
@@ -60,13 +64,12 @@ def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpe
     )
 
 
-async def _open(request: Request, gen: GenerateRequest, spec: PipelineSpec, stream: bool,
-                decoder: Any) -> EngineResponse:
-    st = request.state
+async def _open(st: Any, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
+                stream: bool, decoder: Any) -> EngineResponse:
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
-    routed = await _unless_client_leaves(request, st.dispatcher.open(
+    routed = await _unless_client_leaves(st, receive, st.dispatcher.open(
         gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
         priority=gen.priority))
     st.router_metrics.prompt_tokens.inc(len(gen.token_ids))
@@ -77,17 +80,21 @@ class ClientLeft(Exception):
     """The client disconnected before its request reached the engine's first token."""
 
 
-async def _unless_client_leaves(request: Request, opening: Awaitable[T]) -> T:
+async def _unless_client_leaves(st: Any, receive: Receive, opening: Awaitable[T]) -> T:
     """Await the engine's first output, unless the client disconnects first: a request queued
     in the router or prefilling on an engine is then cancelled, which aborts it on the engine
     (Dispatcher.open) instead of spending the prefill on nobody.
 
     ``opening`` runs inline in the request's task (a task of its own plus ``asyncio.wait`` cost
     two loop passes between the engine's first output and the answer); the watcher cancels
-    this task when the client leaves, and the cancellation becomes ``ClientLeft``."""
+    this task when the client leaves, and the cancellation becomes ``ClientLeft``. Most
+    openings finish within a millisecond or two, so the watcher (a task) only starts when the
+    opening is still waiting after ``WATCH_AFTER``: a client that leaves is noticed that much
+    later, and the common request pays for a timer instead of a task and its two steps."""
     task = asyncio.current_task()
     assert task is not None
     gone = False
+    left: asyncio.Future[None] | None = None
 
     def on_left(watch: asyncio.Future[None]) -> None:
         nonlocal gone
@@ -95,69 +102,88 @@ async def _unless_client_leaves(request: Request, opening: Awaitable[T]) -> T:
             gone = True
             task.cancel()
 
-    left = asyncio.ensure_future(client_disconnected(request.receive))
-    left.add_done_callback(on_left)
+    def watch() -> None:
+        nonlocal left
+        left = asyncio.ensure_future(client_disconnected(receive))
+        left.add_done_callback(on_left)
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, watch)
     try:
         result = await opening
     except asyncio.CancelledError:
         if not gone or task.uncancel() > 0:
             raise  # cancelled from outside (shutdown), not by the watcher
         if isinstance(opening, asyncio.Future) and opening.done() and not opening.cancelled():
-            await _give_back(request, opening.result())  # it completed as the client left
+            await _give_back(st, opening.result())  # it completed as the client left
         raise ClientLeft from None
     finally:
-        left.remove_done_callback(on_left)
-        left.cancel()
+        timer.cancel()
+        if left is not None:
+            left.remove_done_callback(on_left)
+            left.cancel()
     if gone:  # the cancellation was absorbed by ``opening``: the client is gone all the same
         task.uncancel()
-        await _give_back(request, result)
+        await _give_back(st, result)
         raise ClientLeft
     return result
 
 
-async def _give_back(request: Request, result: object) -> None:
+async def _give_back(st: Any, result: object) -> None:
     """Release what an opening placed on engines for a client that has left."""
     placed = [r for r in (result if isinstance(result, list) else [result])
               if isinstance(r, Routed)]
     for routed in placed:
-        await request.state.dispatcher.abort(routed, "client_disconnect")
-        request.state.dispatcher.done(routed)
+        await st.dispatcher.abort(routed, "client_disconnect")
+        st.dispatcher.done(routed)
 
 
 async def chat_completions(request: Request) -> Any:
-    st = request.state
     arrival = time.perf_counter()
+    st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    return await open_chat(st, request.receive, body, arrival)
+
+
+async def open_chat(st: Any, receive: Receive, body: bytes, arrival: float) -> EngineResponse:
+    """A read chat completions body: render, route, open; its answer is the returned app."""
     req = st.codecs.chat.decode(body)
     renderer = st.models.get(req.model)
     if st.remote is not None:
         gen = await st.remote.render_chat(body)
     else:
-        gen = await run_render(request, renderer, len(body), renderer.render_chat, req)
+        gen = await render_in(st.models, st.config, st.pool, renderer, len(body),
+                              renderer.render_chat, req)
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  return_token_ids=bool(req.return_token_ids))
-    return await _answer(request, gen, spec, bool(req.stream), renderer, arrival)
+    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
 
 
-async def _answer(request: Request, gen: Any, spec: Any, stream: bool, renderer: Any,
-                  arrival: float) -> Any:
+async def _answer(st: Any, receive: Receive, gen: Any, spec: Any, stream: bool,
+                  renderer: Any, arrival: float) -> EngineResponse:
     """Open the engine request and its response, timed from the request's arrival."""
-    decoder = request.state.decoders[renderer.served_model_name]
-    resp = await _open(request, gen, spec, stream, decoder)
+    decoder = st.decoders[renderer.served_model_name]
+    resp = await _open(st, receive, gen, spec, stream, decoder)
     resp.arrival = arrival
     return resp
 
 
 async def completions(request: Request) -> Any:
-    st = request.state
     arrival = time.perf_counter()
+    st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    return await open_completion(st, request.receive, body, arrival)
+
+
+async def open_completion(st: Any, receive: Receive, body: bytes,
+                          arrival: float) -> EngineResponse:
+    """A read completions body: render (one or several prompts), route, open."""
     req = st.codecs.completion.decode(body)
     renderer = st.models.get(req.model)
     if st.remote is not None:
         gens = await st.remote.render_completion(body)
     else:
-        gens = await run_render(request, renderer, len(body), renderer.render_completion, req)
+        gens = await render_in(st.models, st.config, st.pool, renderer, len(body),
+                               renderer.render_completion, req)
     specs = [
         _spec(COMPLETION, gen, renderer.served_model_name,
               echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
@@ -166,20 +192,20 @@ async def completions(request: Request) -> Any:
         for gen in gens
     ]
     if len(gens) == 1:
-        return await _answer(request, gens[0], specs[0], bool(req.stream), renderer, arrival)
-    return await _answer_prompts(request, gens, specs, bool(req.stream), renderer, arrival)
+        return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
+                             arrival)
+    return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival)
 
 
-async def _answer_prompts(request: Request, gens: list[GenerateRequest],
+async def _answer_prompts(st: Any, receive: Receive, gens: list[GenerateRequest],
                           specs: list[PipelineSpec], stream: bool, renderer: Any,
-                          arrival: float) -> Any:
+                          arrival: float) -> EngineResponse:
     """Several prompts: each routed on its own, concurrently; answered as one response."""
-    st = request.state
     # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
     response_id = gens[0].request_id.rsplit("-", 1)[0]
     if response_id in st.active or any(g.request_id in st.active for g in gens):
         raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
-    opened = await _unless_client_leaves(request, asyncio.gather(*(
+    opened = await _unless_client_leaves(st, receive, asyncio.gather(*(
         st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
                            cache_salt=g.cache_salt, priority=g.priority)
         for g in gens), return_exceptions=True))
@@ -204,9 +230,15 @@ async def _answer_prompts(request: Request, gens: list[GenerateRequest],
 
 async def generate(request: Request) -> Any:
     """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text) out."""
-    st = request.state
     arrival = time.perf_counter()
+    st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    return await open_generate(st, request.receive, body, arrival)
+
+
+async def open_generate(st: Any, receive: Receive, body: bytes,
+                        arrival: float) -> EngineResponse:
+    """A read token-in body: decode and check it, route, open."""
     gen = st.generate_decoder.decode(body)
     renderer = st.models.get(gen.model)
     vocab = renderer.vocab_size
@@ -222,7 +254,7 @@ async def generate(request: Request) -> Any:
     spec = _spec(GENERATE, gen, renderer.served_model_name, output_mode=gen.output_mode,
                  return_token_ids=bool(gen.return_token_ids),
                  prompt_token_ids=gen.token_ids if gen.return_token_ids else None)
-    resp = await _open(request, gen, spec, bool(gen.stream),
+    resp = await _open(st, receive, gen, spec, bool(gen.stream),
                        st.decoders[renderer.served_model_name])
     resp.arrival = arrival
     return resp
