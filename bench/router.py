@@ -252,6 +252,8 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
     per_engine: dict[str, int] = {}
     reasons: dict[str, int] = {}
     tenant_engines: dict[tuple[int, ...], set[str]] = {}  # prompt head -> engines it went to
+    last_engine: dict[tuple[int, ...], str] = {}
+    moves: dict[str, int] = {}
     cached = prompt = preempted = 0
     queue = list(enumerate(reqs))
     queue.reverse()
@@ -276,7 +278,11 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
             per_engine[engine] = per_engine.get(engine, 0) + 1
             reason = routed.decision.reason
             reasons[reason] = reasons.get(reason, 0) + 1
-            tenant_engines.setdefault(tuple(ids[:32]), set()).add(engine)
+            head = tuple(ids[:32])
+            if last_engine.setdefault(head, engine) != engine:  # the tenant moved: why
+                moves[reason] = moves.get(reason, 0) + 1
+                last_engine[head] = engine
+            tenant_engines.setdefault(head, set()).add(engine)
             stats = first.prefill_stats or {}
             cached += int(stats.get("num_cached_tokens", 0))
             prompt += len(ids)
@@ -301,6 +307,7 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
             "engines_per_tenant": statistics.fmean(len(e) for e in tenant_engines.values()),
             **{f"share_{r}": reasons.get(r, 0) / len(reqs)
                for r in ("cold", "prefix_hit", "spill", "imbalance")},
+            **{f"moves_{r}": float(moves.get(r, 0)) for r in ("cold", "prefix_hit", "spill")},
             "bench_cpu_ms_per_req": cpu / len(reqs) * 1e3, "load_1m": os.getloadavg()[0]}
 
 
@@ -317,6 +324,7 @@ async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: i
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in policies}
     shown = ("hit_rate", "ttft_p50_ms", "ttft_p99_ms", "wait_mean_ms", "exec_mean_ms",
              "max_engine_share", "engines_per_tenant", "share_cold", "share_spill",
+             "moves_cold", "moves_prefix_hit", "moves_spill",
              "bench_cpu_ms_per_req", "load_1m")
     # Interleaved repetitions, the order rotated each time: this machine is shared, so noise
     # (and any drift within a repetition) hits every policy alike.

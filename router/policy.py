@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -31,9 +32,12 @@ class PrefixMatcher(Protocol):
     def note_routed_keys(self, engine: str, prompt: Any, now: float, ttl: float) -> object: ...
 
 
-def _rendezvous_order(tokens: Sequence[int], loads: Sequence[EngineLoad]) -> list[EngineLoad]:
-    """Engines in rendezvous-hash order for the prompt's head (stable as engines come and go)."""
-    head = xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
+def _head_hash(tokens: Sequence[int]) -> int:
+    return xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
+
+
+def _rendezvous_order(head: int, loads: Sequence[EngineLoad]) -> list[EngineLoad]:
+    """Engines in rendezvous-hash order for a prompt head (stable as engines come and go)."""
     return sorted(loads, key=lambda load: (
         xxhash.xxh3_64_intdigest(load.engine.encode(), seed=head), load.engine))
 
@@ -53,14 +57,17 @@ class PolicyConfig:
     # running/queued request stands for request_tokens tokens of work (its decode steps).
     load_weight: float = 0.25
     request_tokens: float = 64.0
-    # A cold prompt goes to its hashed home engine unless that has more than this factor times
-    # the fleet's mean load.
-    cold_load_factor: float = 1.25
+    # A cold prompt returns to the engine its head last went to unless that has more than this
+    # factor times the fleet's mean load (in requests).
+    cold_load_factor: float = 4.0
     # A cached prefix shorter than this fraction of the prompt is treated as cold: chasing the
     # remnants that LRU eviction leaves on many engines would scatter a tenant across them.
     min_hit_fraction: float = 0.5
     # How long a routed-but-not-yet-confirmed prefix counts as cached on its engine.
     optimistic_ttl: float = 10.0
+    # Prompt heads remembered with the engine they last went to (0 = off): a cold prompt whose
+    # prefix was evicted returns there before trying its hashed home.
+    home_memory: int = 65536
     seed: int = 0
     # SGLang's cache_aware knobs (None = off), for users who migrate from sgl-router.
     cache_threshold: float | None = None
@@ -74,6 +81,8 @@ class PolicyConfig:
             raise ValueError("load_weight, request_tokens and optimistic_ttl must be >= 0")
         if not 0.0 <= self.min_hit_fraction <= 1.0:
             raise ValueError("min_hit_fraction must be within [0, 1]")
+        if self.home_memory < 0:
+            raise ValueError("home_memory must be >= 0")
         if self.cold_load_factor < 1:
             raise ValueError("cold_load_factor must be >= 1")
         if self.cache_threshold is not None and not 0.0 <= self.cache_threshold <= 1.0:
@@ -116,6 +125,7 @@ class Policy:
         self.index = index
         self._rng = random.Random(config.seed)
         self._next = 0  # round-robin cursor (instance state, never shared)
+        self._homes: OrderedDict[int, str] = OrderedDict()  # prompt head -> last engine, LRU
 
     def choose(
         self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float
@@ -175,15 +185,21 @@ class Policy:
                 return self._least_loaded(loads), "below_cache_threshold"
             holders = [load for load in loads if cached.get(load.engine, 0) == best]
             return self._least_loaded(holders), "prefix_hit"
-        # 3. Nothing cached anywhere: the prompt's home engine by rendezvous hashing of its head,
-        # within a load bound (consistent hashing with bounded loads). A tenant whose prefix was
-        # evicted everywhere thus returns to the same engine instead of spreading its copies.
-        ranked = _rendezvous_order(tokens, loads)
+        # 3. Nothing (much) cached anywhere: the engine this prompt head last went to, within a
+        # load bound, else the least loaded engine (ties in rendezvous-hash order of the head).
+        # A tenant whose prefix was evicted thus returns to its engine instead of copying its
+        # prefix to a second one (each copy evicts another tenant's), and new tenants spread by
+        # load, not by hash (hashing packed some engines with more prefixes than they hold).
+        head = _head_hash(tokens)
+        ranked = _rendezvous_order(head, loads)
         if best < cfg.min_hit_fraction * n_tokens:
-            total = sum(load.requests for load in loads)
-            bound = math.ceil(cfg.cold_load_factor * (total + 1) / len(loads))
-            home = next((load for load in ranked if load.requests + 1 <= bound), None)
-            return home or self._least_loaded(loads), "cold"
+            last = self._homes.get(head)
+            home = next((load for load in loads if load.engine == last), None)
+            if home is not None:
+                total = sum(load.requests for load in loads)
+                if home.requests + 1 > math.ceil(cfg.cold_load_factor * (total + 1) / len(loads)):
+                    home = None
+            return self._remember(head, home or self._least_loaded(ranked)), "cold"
         # 4. The cost: prompt tokens still to compute here + the work already queued here
         # (ties in rendezvous order, so a spilled prefix also keeps to one engine).
         order = {load.engine: i for i, load in enumerate(ranked)}
@@ -197,11 +213,22 @@ class Policy:
         hit = cached.get(choice.engine, 0)
         if hit < best:
             return choice, "spill"  # the holder of the longest prefix was too busy
-        return choice, "prefix_hit"
+        return self._remember(head, choice), "prefix_hit"
+
+    def _remember(self, head: int, load: EngineLoad) -> EngineLoad:
+        # A spill is not remembered: the tenant's home stays with its (busy) prefix holder.
+        if self.config.home_memory:
+            homes = self._homes
+            homes[head] = load.engine
+            homes.move_to_end(head)
+            if len(homes) > self.config.home_memory:
+                homes.popitem(last=False)
+        return load
 
     def _least_loaded(self, loads: Sequence[EngineLoad]) -> EngineLoad:
+        """Fewest requests, then least work; ties go to the first in ``loads``' order."""
         rt = self.config.request_tokens
-        return min(loads, key=lambda load: (load.requests, load.work(rt), load.engine))
+        return min(loads, key=lambda load: (load.requests, load.work(rt)))
 
     def _predicted_cached(
         self, tokens: Sequence[int], namespace: Hashable, now: float, prompt: Any

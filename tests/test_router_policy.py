@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -149,17 +148,16 @@ def test_cache_aware_is_the_argmin_of_the_cost(
 
     chosen = next(load for load in loads if load.engine == d.engine)
     best = max(held.get(load.engine, 0) * BLOCK for load in loads)
-    if best < 0.5 * len(tokens):
-        # Cold: the hashed home engine within the load bound, else the least loaded.
-        total = sum(load.requests for load in loads)
-        bound = math.ceil(1.25 * (total + 1) / len(loads))
-        least = min(load.requests for load in loads)
-        assert chosen.requests + 1 <= bound or chosen.requests == least
+    cold = best < PolicyConfig().min_hit_fraction * len(tokens)
+    if cold:
+        # Cold, nothing remembered for this head (a fresh policy): the least loaded engine.
+        least = min((load.requests, load.work(32)) for load in loads)
+        assert (chosen.requests, chosen.work(32)) == least
         assert d.reason == "cold"
     else:
         assert cost(chosen) == pytest.approx(min(cost(load) for load in loads))
     assert d.cached_tokens == held.get(d.engine, 0) * BLOCK
-    if best >= 0.5 * len(tokens):
+    if not cold:
         assert d.reason == ("prefix_hit" if d.cached_tokens == best else "spill")
     # Deterministic: the same state in another order gives the same answer.
     policy2, index2 = _policy(load_weight=weight, request_tokens=32)
@@ -175,6 +173,61 @@ def test_cold_prompts_spread_and_stick() -> None:
     assert len(first) == 4  # different prompt heads land on different idle engines
     again = [policy.choose([7] * 40, "x", loads, 0.0).engine for _ in range(3)]
     assert len(set(again)) == 1
+
+
+def test_an_evicted_prefix_returns_to_its_engine() -> None:
+    policy, index = _policy(cold_load_factor=2.0)
+    idle = [EngineLoad(e) for e in "abcd"]
+    home = policy.choose(PROMPT, None, idle, 0.0).engine
+    # Evicted everywhere; its engine is now busier than the others, within 2x the mean.
+    index.blocks[home].clear()
+    loads = [EngineLoad(e, in_flight=2 if e == home else 1) for e in "abcd"]
+    assert policy.choose(PROMPT, None, loads, 1.0) == Decision(home, 0, "cold")
+    # Beyond the bound (one more would make 5 > 2 x (7 + 1) / 4): the least loaded instead.
+    index.blocks[home].clear()
+    loads = [EngineLoad(e, in_flight=4 if e == home else 1) for e in "abcd"]
+    moved = policy.choose(PROMPT, None, loads, 2.0).engine
+    assert moved != home
+    # ...which is now the head's engine.
+    index.blocks[moved].clear()
+    loads = [EngineLoad(e, in_flight=2 if e == moved else 1) for e in "abcd"]
+    assert policy.choose(PROMPT, None, loads, 3.0).engine == moved
+
+
+def test_a_new_cold_prompt_goes_to_the_least_loaded_engine() -> None:
+    policy, _ = _policy()
+    loads = [EngineLoad("a", in_flight=2), EngineLoad("b", in_flight=1, pending_prefill_tokens=9),
+             EngineLoad("c", in_flight=1), EngineLoad("d", in_flight=3)]
+    assert policy.choose(PROMPT, None, loads, 0.0) == Decision("c", 0, "cold")
+
+
+def test_a_spill_is_not_remembered() -> None:
+    policy, index = _policy(request_tokens=64)
+    index.store("b", PROMPT)
+    assert policy.choose(PROMPT, None, [EngineLoad("a"), EngineLoad("b")], 0.0).engine == "b"
+    busy = [EngineLoad("a"), EngineLoad("b", in_flight=3, pending_prefill_tokens=200)]
+    assert policy.choose(PROMPT + [1], None, busy, 0.0).reason == "spill"
+    index.blocks["a"].clear()
+    index.blocks["b"].clear()
+    # Cold again: back to b (where the head last went as a hit), not to a (the spill).
+    loads = [EngineLoad("a"), EngineLoad("b", in_flight=1)]
+    assert policy.choose(PROMPT, None, loads, 1.0).engine == "b"
+
+
+def test_home_memory_is_bounded_and_can_be_off() -> None:
+    for memory in (0, 1):
+        policy, index = _policy(home_memory=memory)
+        idle = [EngineLoad(e) for e in "ab"]
+        first = policy.choose(PROMPT, None, idle, 0.0).engine
+        # Another head after it; with memory 1 it pushes the first head out.
+        policy.choose([9] * 64, None, idle, 0.0)
+        for held in index.blocks.values():
+            held.clear()
+        other = "b" if first == "a" else "a"
+        loads = [EngineLoad(first, in_flight=1), EngineLoad(other)]
+        assert policy.choose(PROMPT, None, loads, 1.0).engine == other
+    with pytest.raises(ValueError):
+        PolicyConfig(home_memory=-1)
 
 
 def test_round_robin_is_fair() -> None:
