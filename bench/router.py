@@ -7,8 +7,10 @@
     process; requests (max_tokens=1) alternate one by one between the two paths: token-in (the
     target's measure) and chat (render included, against its rendered tokens sent direct).
 (c) >= 8 sim engines (threads) with small KV caches, a multi-tenant shared-prefix workload (Zipf
-    tenants), closed loop; each policy gets fresh engines. Hit rate is the engines' own
-    num_cached_tokens / prompt tokens. Routing goes through the product Dispatcher + Fleet.
+    tenants), closed loop; each policy gets fresh engines, repetitions interleaved. Hit rate is the
+    engines' own num_cached_tokens / prompt tokens; TTFT is split by the engines' QUEUED /
+    SCHEDULED stamps into waiting (for blocks / seqs) and the prefill step. Routing goes through
+    the product Dispatcher + Fleet.
 (cpu) the router process's CPU (psutil) per streamed token, SSE through HTTP included.
 """
 
@@ -53,9 +55,10 @@ from router.sim.tokens import TokenTable  # noqa: E402
 from router.wire import EngineCoreEventType, EngineCoreRequest  # noqa: E402
 
 PY = sys.executable
-# (c)'s simulated engine speed: slow enough that engine time, not this shared CPU, dominates TTFT.
-STEP_TIME = 0.01
-PREFILL_PER_TOKEN = 1e-4
+# (c)'s simulated engine speed: slow enough that engine time (a cold ~800-token prompt: 270 ms,
+# a hit: ~45 ms), not this shared CPU (~4-5 ms of bench CPU per request), dominates TTFT.
+STEP_TIME = 0.03
+PREFILL_PER_TOKEN = 3e-4
 
 
 def free_port() -> int:
@@ -416,7 +419,8 @@ async def part_cpu(n: int, max_tokens: int, concurrency: int) -> dict[str, float
             "tokens_per_s": tokens / wall}
 
 
-def plot(c: dict[str, dict[str, float]], path: Path) -> None:
+def plot(c: dict[str, dict[str, float]], path: Path,
+         runs: dict[str, list[dict[str, float]]] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -425,13 +429,20 @@ def plot(c: dict[str, dict[str, float]], path: Path) -> None:
     names = list(c)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     ax1.bar(names, [c[n]["hit_rate"] for n in names], color="#4c72b0")
-    ax1.set_ylabel("engine-measured prefix hit rate")
+    ax1.set_ylabel("engine-measured prefix hit rate (median)")
     ax1.set_ylim(0, 1)
     x = range(len(names))
-    ax2.bar([i - 0.2 for i in x], [c[n]["ttft_p50_ms"] for n in names], 0.4, label="p50")
-    ax2.bar([i + 0.2 for i in x], [c[n]["ttft_p99_ms"] for n in names], 0.4, label="p99")
+    keys = [k for k in ("ttft_p50_ms", "ttft_mean_ms", "ttft_p99_ms") if k in c[names[0]]]
+    width = 0.8 / len(keys)
+    for j, key in enumerate(keys):
+        xs = [i + (j - (len(keys) - 1) / 2) * width for i in x]
+        ax2.bar(xs, [c[n][key] for n in names], width, label=key[5:-3] + " (median)")
+        for xi, n in zip(xs, names, strict=True):  # each repetition as a dot
+            reps = [r[key] for r in (runs or {}).get(n, [])]
+            ax2.plot([xi] * len(reps), reps, "k.", markersize=3)
     ax2.set_xticks(list(x), names)
-    ax2.set_ylabel("TTFT (ms)")
+    ax2.set_ylabel("TTFT (ms); dots: repetitions")
+    ax2.set_yscale("log")
     ax2.legend()
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30)
@@ -446,13 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default="b,c,cpu")
     p.add_argument("--http-server", default="hypercorn", choices=("hypercorn", "uvicorn"),
                    help="the router's HTTP server in part (b)")
-    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--requests", type=int, default=640)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--tenants", type=int, default=24)
-    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--blocks", type=int, default=160, help="KV blocks per sim engine")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=7)
     p.add_argument("--policies",
                    default="cache_aware,oracle,sglang_char_tree,shortest_queue,round_robin")
     p.add_argument("--load-weight", type=float, default=PolicyConfig().load_weight)
@@ -467,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-json", type=Path, help="only re-plot (c) from a --json file")
     a = p.parse_args(argv)
     if a.from_json:
-        plot(json.loads(a.from_json.read_text())["c"], a.plot)
+        saved = json.loads(a.from_json.read_text())
+        plot(saved["c"], a.plot, saved.get("c_runs"))
         return 0
     parts = set(a.parts.split(","))
     results: dict[str, Any] = {}
@@ -497,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results["c"].items():
             print(f"  {name:<18} {json.dumps({k: round(v, 3) for k, v in r.items()})}")
         c = results["c"]
-        plot(c, a.plot)
+        plot(c, a.plot, results["c_runs"])
         if "oracle" in c and "cache_aware" in c and len(c) > 2:
             results["c_verdict"] = report_c(c, results["c_runs"])
     if "cpu" in parts:
