@@ -91,7 +91,6 @@ class EngineResponse:
                     await work
                 await self._client_left()
                 return "499"
-        headers = [(b"content-type", b"application/json"), (b"x-kvroute-route", route)]
         try:
             body, code = _JSON.encode(work.result()), 200
         except EngineOutputError as exc:
@@ -100,6 +99,10 @@ class EngineResponse:
             body = _JSON.encode(error_response(f"Engine failed: {exc}", 503,
                                                "ServiceUnavailable"))
             code = 503
+        # A declared length: without it both servers frame the body chunked, and the client
+        # waits for a third write (the empty last chunk) before the answer is complete.
+        headers = [(b"content-type", b"application/json"), (b"x-kvroute-route", route),
+                   (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": code, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return str(code)
@@ -115,8 +118,16 @@ class EngineResponse:
     async def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
         routed = self.routed
         if len(routed.streams) == 1:
-            async for out in routed.outputs(0):
-                self._first_unread = False
+            # Not through Routed.outputs: that async generator, left suspended when the
+            # pipeline stops at the finished output, would be finalized by the loop's asyncgen
+            # hook (call_soon_threadsafe: a self-pipe write and an aclose task) in the middle
+            # of the answer. The stream itself is a plain async iterator.
+            first = routed.first[0]
+            self._first_unread = False
+            yield 0, first
+            if first.finished:
+                return
+            async for out in routed.streams[0]:
                 yield 0, out
             return
         # n > 1: the choices run concurrently on the engine; interleave them as they come.
