@@ -132,21 +132,25 @@ def test_answers_match_the_starlette_path(cluster: LocalCluster) -> None:
 def test_auth_chunked_and_big_bodies_are_left_to_the_app(cluster: LocalCluster) -> None:
     fast = cluster._app.fast
     body = b'{"request_id": "auth", "token_ids": [7, 8], "sampling_params": {"max_tokens": 1}}'
-    with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
-        before = fast.taken
-        for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": KEY}):
+    # One connection per refused request: an answer sent before the body was read may end
+    # the connection (Hypercorn closes it), and the next request on it would fail.
+    before = fast.taken
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": KEY}):
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
             r = http.post("/inference/v1/generate", content=body,
                           headers={**headers, "x-request-id": "a-1"})
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
             assert r.json()["error"]["type"] == "AuthenticationError"
             assert r.headers["x-request-id"] == "a-1"
+    with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+        big = b'{"token_ids": [' + b"5, " * 2000 + b'5], "sampling_params": {}}'
+        r = http.post("/inference/v1/generate", content=big, headers=AUTH)
+        assert r.status_code == 413 and r.json()["error"]["type"] == "Request Entity Too Large"
+    with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
         # No Content-Length (chunked): Starlette's read_body reads it.
         r = http.post("/inference/v1/generate", content=iter([body[:10], body[10:]]),
                       headers=AUTH)
         assert r.status_code == 200, r.text
-        big = b'{"token_ids": [' + b"5, " * 2000 + b'5], "sampling_params": {}}'
-        r = http.post("/inference/v1/generate", content=big, headers=AUTH)
-        assert r.status_code == 413 and r.json()["error"]["type"] == "Request Entity Too Large"
         assert fast.taken == before  # none of these went through the fast path
         ok = http.post("/inference/v1/generate", content=body, headers=AUTH)
         assert ok.status_code == 200 and fast.taken == before + 1
