@@ -299,6 +299,9 @@ def _bind(cfg: ServerConfig) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
+    # Listening now, not when the HTTP server starts: "ready" is printed from the lifespan, before
+    # Hypercorn's start_server, and a client connecting in between must queue, not be refused.
+    sock.listen(1024)
     sock.set_inheritable(True)
     return sock
 

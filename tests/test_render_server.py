@@ -182,6 +182,30 @@ def test_bad_input_is_openai_error_json(url: str) -> None:
     assert httpx.get(url + "/health").status_code == 200
 
 
+def test_bodies_over_the_inline_cap_answer_as_small_ones(url: str) -> None:
+    # Over 64 KiB a body is decoded, rendered and encoded on a render thread: same answers, same
+    # error JSON as on the loop (render/fast_route.py).
+    text = " ".join(f"w{i % 997}x{i % 13}" for i in range(14_000))
+    messages = [{"role": "user", "content": text}]
+    body = json.dumps({"model": LONG, "messages": messages}).encode()
+    assert len(body) > 65536
+    out = post(url, "/v1/chat/completions/render", body)
+    assert out.status_code == 200, out.text
+    assert list(out.json()) == GENERATE_KEYS
+    tokens = post(url, "/tokenize", {"model": LONG, "messages": messages}).json()["tokens"]
+    assert out.json()["token_ids"] == tokens
+    prompts = [text, text[: len(text) // 2]]
+    outs = post(url, "/v1/completions/render", {"model": LONG, "prompt": prompts}).json()
+    assert [o["token_ids"] for o in outs] == [
+        post(url, "/tokenize", {"model": LONG, "prompt": p}).json()["tokens"] for p in prompts]
+    err = assert_openai_error(post(url, "/v1/chat/completions/render",
+                                   {"model": LONG, "messages": messages, "n": "two"}), 400)
+    assert err["param"] == "n"
+    err = assert_openai_error(post(url, "/v1/chat/completions/render",
+                                   {"model": "nope", "messages": messages}), 404)
+    assert "nope" in err["message"]
+
+
 def test_body_over_limit_is_413(url: str) -> None:
     big = {"messages": [{"role": "user", "content": "x" * MAX_BODY}]}
     err = assert_openai_error(post(url, "/v1/chat/completions/render", big), 413)
