@@ -73,6 +73,9 @@ async def _hypercorn(app: Any, sock: socket.socket, opts: ServeOptions,
     hc.graceful_timeout = opts.graceful_timeout
     hc.startup_timeout = opts.startup_timeout
     hc.h11_max_incomplete_size = opts.max_head_bytes
+    # No `server: hypercorn-h11` on every response (uvicorn's is off below too): one header less
+    # for h11 to validate and write per request. The Date header stays (RFC 9110 8.6.1).
+    hc.include_server_header = False
     await serve(app, hc, shutdown_trigger=shutdown)
 
 
