@@ -70,18 +70,17 @@ def make_frames(requests: int, steps: int, topk: int | None) -> list[bytes]:
 # ---------------------------------------------------------------- kvroute
 
 def run_kvroute(frames: list[bytes], requests: int, topk: int | None, fast: bool) -> float:
-    import msgspec
     from tokenizers import Tokenizer
 
     from router.detokenize import TokenDecoder
-    from router.engine_outputs import ReceivedOutputs, decode_engine_outputs
+    from router.engine_outputs import OutputDecoder, decode_engine_outputs
     from router.pipeline import CHAT, Pipeline, PipelineSpec
     from router.sse import SSEEncoder
-    from router.wire import ext_hook
 
     td = _decoder(TokenDecoder, Tokenizer)
-    # As router/engine_client.py decodes outputs (typed logprob arrays, raw scheduler stats).
-    dec = msgspec.msgpack.Decoder(ReceivedOutputs, ext_hook=ext_hook)
+    # As router/engine_client.py decodes outputs (logprob arrays by their byte layout, raw
+    # scheduler stats).
+    dec = OutputDecoder()
     sse = SSEEncoder()
     pipes: dict[str, Any] = {}
     for r in range(requests):

@@ -128,11 +128,16 @@ class ByteLevelDetokenizer:
 class TokenJSON(NamedTuple):
     """One token's parts of a chat logprob entry, exactly as msgspec encodes them:
     ``head + <logprob> + bytes_json`` then ``}`` (a candidate) or ``,"top_logprobs":[...]}``.
-    ``head`` is None when the token alone ends inside a UTF-8 character: its shown text then
-    depends on the preceding tokens."""
+    ``head`` is None when the token's shown text depends on the preceding tokens: it alone
+    decodes to a trailing U+FFFD and (byte-level BPE) its bytes could complete a character."""
 
     head: bytes | None  # {"token":"...","logprob":
     bytes_json: bytes  # ,"bytes":[...]
+
+
+# Stands for a head that depends on the preceding tokens in ``TokenDecoder.head_table``: 0xFF
+# never occurs in UTF-8, so JSON text that contains it was built from such a head.
+CONTEXT_HEAD = b"\xff"
 
 
 def token_head(text: str) -> bytes:
@@ -157,8 +162,12 @@ class TokenDecoder:
             self._texts = [_whole_text(b) for b in raw]
             self._texts_no_special = [_whole_text(b) for b in self._no_special]
         self._text_cache: dict[int, str] = {}
-        # Per token id, filled on first use: the token's JSON fragments for logprobs.
+        # Per token id, filled on first use: the token's JSON fragments for logprobs, as
+        # TokenJSON and again as two flat lists (whole engine messages are formatted by
+        # ``operator.itemgetter`` over them; ``CONTEXT_HEAD`` marks a context-dependent head).
         self.json_table: list[TokenJSON | None] = [None] * size
+        self.head_table: list[bytes | None] = [None] * size
+        self.tail_table: list[bytes | None] = [None] * size
 
     def _byte_table(self, size: int) -> list[bytes]:
         # Mirrors tokenizers' ByteLevel decoder: a piece whose characters all stand for bytes
@@ -175,6 +184,12 @@ class TokenDecoder:
     @property
     def byte_level(self) -> bool:
         return self._raw is not None
+
+    @property
+    def raw_table(self) -> Sequence[bytes] | None:
+        """Byte-level BPE: each id's bytes (special tokens: their text's UTF-8); ``decode(ids,
+        skip_special_tokens=False)`` is then their concatenation decoded lossily. Else None."""
+        return self._raw
 
     def new(
         self,
@@ -208,9 +223,17 @@ class TokenDecoder:
         per id: 26 MB if a run touches all of Qwen3's 151k ids)."""
         text = self._decode_one(token_id)
         head = None if text[-1:] == "\ufffd" else token_head(text)
+        if head is None and self._raw is not None and 0 <= token_id < len(self._raw) and any(
+                b & 0xC0 != 0x80 for b in self._raw[token_id]):
+            # Byte-level and not all UTF-8 continuation bytes: from its first other byte on the
+            # token decodes the same after any context (UTF-8 self-synchronises), so the text
+            # with context still ends in U+FFFD and vLLM's correction shows "" whatever precedes.
+            head = token_head("")
         info = TokenJSON(head, b',"bytes":' + msgspec.json.encode(list(self.token_bytes(token_id))))
         if 0 <= token_id < len(self.json_table):
             self.json_table[token_id] = info
+            self.head_table[token_id] = CONTEXT_HEAD if head is None else head
+            self.tail_table[token_id] = info.bytes_json
         return info
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -30,7 +30,7 @@ from router.engine_errors import (
     EngineUnavailableError,
     UtilityCallError,
 )
-from router.engine_outputs import NIL, ReceivedOutputs, decode_engine_outputs
+from router.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
 from router.engine_state import EngineSpec, EngineState, EngineStatus
 from router.request_stream import RequestStream
 from router.wire import (
@@ -46,7 +46,6 @@ from router.wire import (
     FinishReason,
     HandshakeStatus,
     enc_hook,
-    ext_hook,
 )
 
 __all__ = [
@@ -107,7 +106,7 @@ class EngineClient:
         self._utility: dict[int, tuple[EngineState, asyncio.Future[Any]]] = {}
         self._sync_inputs: dict[EngineState, zmq.Socket[bytes]] = {}
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
-        self._out_decoder = msgspec.msgpack.Decoder(ReceivedOutputs, ext_hook=ext_hook)
+        self._out_decoder = OutputDecoder()  # logprob arrays read by their byte layout
         self._ready_decoder = msgspec.msgpack.Decoder(EngineReadyResponse)
         self._status_decoder = msgspec.msgpack.Decoder(HandshakeStatus)
 

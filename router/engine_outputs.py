@@ -3,39 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
-from router.ndarrays import WireLogprobs, decode_logprobs, rows_of
-from router.wire import EngineCoreOutput, EngineCoreOutputs
+from router.logprob_frame import FrameLogprobs
+from router.logprob_layout import RowLayouts, rows_from_raw
+from router.ndarrays import LogprobRows, decode_logprobs, rows_of
+from router.wire import EngineCoreOutput, EngineCoreOutputs, ext_hook
 
 _O = TypeVar("_O", bound=EngineCoreOutputs)
 
 NIL = msgspec.Raw(b"\xc0")  # msgpack nil: no stats in this message
 
 
-def decode_engine_outputs(decoder: msgspec.msgpack.Decoder[_O], bufs: Sequence[Any]) -> _O:
-    """Decode ``[payload, *aux_frames]``, resolving the logprob arrays against the aux frames.
-
-    ``new_logprobs`` becomes ``ndarrays.LogprobRows`` (Python numbers, what the pipeline
-    formats), prompt logprobs ``ndarrays.Logprobs`` (numpy). Raises ``msgspec.DecodeError`` or
-    ``ValueError`` (incl. ``NdarrayError``) on bad input.
-    """
-    outs = decoder.decode(bufs[0])
-    for out in outs.outputs:
-        if out.new_logprobs is not None:
-            out.new_logprobs = rows_of(out.new_logprobs, bufs)
-        if out.new_prompt_logprobs_tensors is not None:
-            out.new_prompt_logprobs_tensors = decode_logprobs(out.new_prompt_logprobs_tensors, bufs)
-    return outs
-
-
 class ReceivedOutput(EngineCoreOutput, array_like=True, omit_defaults=True, gc=False):
-    """EngineCoreOutput with its logprob arrays typed: msgspec reads the ext-3 buffers itself
-    (an untyped field calls ``ext_hook`` in Python and copies, per array)."""
+    """EngineCoreOutput with its logprob arrays kept as their msgpack bytes, read by
+    ``RowLayouts`` (one struct unpack) instead of three array Structs (``decode_engine_outputs``
+    replaces the bytes by ``LogprobRows``, or None)."""
 
-    new_logprobs: WireLogprobs | None = None
+    new_logprobs: msgspec.Raw = msgspec.Raw()
 
 
 class ReceivedOutputs(EngineCoreOutputs, array_like=True, omit_defaults=True, gc=False):
@@ -47,3 +34,64 @@ class ReceivedOutputs(EngineCoreOutputs, array_like=True, omit_defaults=True, gc
 
     outputs: list[ReceivedOutput] = []  # type: ignore[assignment]
     scheduler_stats: msgspec.Raw = msgspec.Raw()  # type: ignore[assignment]
+
+
+class OutputDecoder:
+    """The receive path's decoder: ``ReceivedOutputs`` plus the logprob layouts seen so far.
+    One per listener (the layouts are its state)."""
+
+    __slots__ = ("decoder", "layouts")
+
+    def __init__(self) -> None:
+        self.decoder = msgspec.msgpack.Decoder(ReceivedOutputs, ext_hook=ext_hook)
+        self.layouts = RowLayouts()
+
+
+@overload
+def decode_engine_outputs(decoder: OutputDecoder, bufs: Sequence[Any]) -> ReceivedOutputs: ...
+
+
+@overload
+def decode_engine_outputs(decoder: msgspec.msgpack.Decoder[_O], bufs: Sequence[Any]) -> _O: ...
+
+
+def decode_engine_outputs(decoder: Any, bufs: Sequence[Any]) -> Any:
+    """Decode ``[payload, *aux_frames]``, resolving the logprob arrays against the aux frames.
+
+    ``new_logprobs`` becomes ``ndarrays.LogprobRows`` (Python numbers, what the pipeline
+    formats; all outputs' logprobs share one ``FrameLogprobs``), prompt logprobs
+    ``ndarrays.Logprobs`` (numpy). Raises ``msgspec.DecodeError`` or ``ValueError`` (incl.
+    ``NdarrayError``) on bad input.
+    """
+    layouts: RowLayouts | None = None
+    if isinstance(decoder, OutputDecoder):
+        layouts = decoder.layouts
+        decoder = decoder.decoder
+    outs = decoder.decode(bufs[0])
+    frame: FrameLogprobs | None = None
+    id_parts: list[Sequence[int]] = []
+    lp_parts: list[Sequence[float]] = []
+    size = 0
+    for out in outs.outputs:
+        lp = out.new_logprobs
+        if lp is not None:
+            rows: LogprobRows | None = None
+            if type(lp) is not msgspec.Raw:
+                rows = rows_of(lp, bufs)
+            elif lp and lp != NIL:  # an absent field keeps the empty default
+                rows = layouts.rows(lp, bufs) if layouts is not None else rows_from_raw(lp, bufs)
+            if rows is not None:
+                ids, lps = rows.token_ids, rows.logprobs
+                if len(ids) == len(lps):
+                    if frame is None:
+                        frame = FrameLogprobs()
+                        id_parts, lp_parts = frame.id_parts, frame.lp_parts
+                    rows.frame = frame
+                    rows.offset = size
+                    id_parts.append(ids)
+                    lp_parts.append(lps)
+                    size += len(lps)
+            out.new_logprobs = rows
+        if out.new_prompt_logprobs_tensors is not None:
+            out.new_prompt_logprobs_tensors = decode_logprobs(out.new_prompt_logprobs_tensors, bufs)
+    return outs

@@ -10,40 +10,32 @@ shows the character); ``bytes`` are the token's own raw bytes, so they concatena
 UTF-8 of the text.
 
 Chat logprobs (6 entries per token at top-5, the costliest part of the stream) are written as
-JSON directly: per token id the encoded text and bytes are cached (``TokenDecoder.token_json``)
-and the logprobs of one output are encoded by one msgspec call, so an entry is a few bytes
-concatenations. The result is exactly what msgspec writes for ``list[ChatLogprobsContent]``
-(tests/test_pipeline_logprobs.py holds it to that).
+JSON directly: per token id the encoded text and bytes are cached (``TokenDecoder.token_json``).
+When the engine client decoded the output (``LogprobRows.frame``), every candidate object of the
+whole engine message is built by a few C calls at once (``frame_entries``) and a streamed token
+(``chat_one``) joins a slice of them; otherwise each entry is a few bytes concatenations
+(``chat``). Both give exactly what msgspec writes for ``list[ChatLogprobsContent]``
+(tests/test_pipeline_logprobs_json.py and tests/test_pipeline_logprobs_frame.py hold them to it).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from operator import itemgetter
 
 import msgspec
 
-from router.detokenize import TokenDecoder, token_head
+from router.detokenize import CONTEXT_HEAD, TokenDecoder, token_head
+from router.logprob_frame import FLOOR, FrameLogprobs, clamp, float_texts
 from router.ndarrays import LogprobRows
 from router.openai_types import CompletionLogprobs, GenerateLogprob, GenerateLogprobsContent
 
-FLOOR = -9999.0
+__all__ = ["FLOOR", "ChoiceLogprobs", "clamp"]
+
 _FLOOR_JSON = msgspec.json.encode(FLOOR)
 _TOP, _NO_TOP = b',"top_logprobs":[', b',"top_logprobs":[]}'
 # Preceding sampled tokens tried when a token is part of a UTF-8 character (4 bytes at most).
 _CONTEXT = 4
-
-
-def clamp(lp: float) -> float:
-    return FLOOR if math.isnan(lp) else max(lp, FLOOR)
-
-
-def _floats(lps: Sequence[float]) -> list[bytes]:
-    """msgspec's JSON text of each logprob, clamped (NaN compares false, so it is clamped too).
-
-    One encode of the whole output and a split: msgspec's float format (e.g. ``-1e-7``) is not
-    ``repr``'s, and one call per number would cost more than the split."""
-    return msgspec.json.encode([x if x > FLOOR else FLOOR for x in lps])[1:-1].split(b",")
 
 
 def _candidates(ids: Sequence[int], lps: Sequence[float], base: int, width: int,
@@ -60,6 +52,27 @@ def _candidates(ids: Sequence[int], lps: Sequence[float], base: int, width: int,
             continue
         out.append((tid, lps[base + col], col))
     return out
+
+
+def frame_entries(frame: FrameLogprobs, td: TokenDecoder) -> list[bytes] | None:
+    """Per column of every output of an engine message, its chat logprob object without the
+    closing brace (``{"token":..,"logprob":..,"bytes":[..]``), or None when an id is outside
+    the vocabulary. A head that depends on context is ``CONTEXT_HEAD``, which the caller
+    detects. A few C calls over the whole message (itemgetter, map, zip): ~0.1 µs a column."""
+    ids = frame.token_ids()
+    if not ids:
+        return []
+    heads, tails = td.head_table, td.tail_table
+    if min(ids) < 0 or max(ids) >= len(heads):
+        return None
+    pick = itemgetter(*ids) if len(ids) > 1 else lambda table: (table[ids[0]],)
+    h = pick(heads)
+    if None in h:
+        for t in set(ids):
+            if heads[t] is None:
+                td.token_json(t)
+        h = pick(heads)
+    return list(map(b"".join, zip(h, frame.texts(), pick(tails), strict=True)))
 
 
 class ChoiceLogprobs:
@@ -86,19 +99,18 @@ class ChoiceLogprobs:
         if not text or text[-1] != "\ufffd":
             return text
         ctx = self._ctx
-        dec = self._td.tokenizer.decode
+        dec = self._decode
         for n in range(1, len(ctx) + 1):
             context = ctx[-n:]
-            full = dec([*context, tid], skip_special_tokens=False)
+            full = dec([*context, tid])
             if full.endswith("\ufffd"):
                 continue
             # Context tokens that were themselves partial contributed no text of their own:
             # their bytes belong to the character this token completes.
             clean = len(context)
-            while clean and dec([context[clean - 1]], skip_special_tokens=False).endswith(
-                    "\ufffd"):
+            while clean and dec([context[clean - 1]]).endswith("\ufffd"):
                 clean -= 1
-            prefix = dec(context[:clean], skip_special_tokens=False) if clean else ""
+            prefix = dec(context[:clean]) if clean else ""
             if full.startswith(prefix):
                 return full[len(prefix):]
             common = 0
@@ -108,6 +120,16 @@ class ChoiceLogprobs:
                 common += 1
             return full[common:]
         return ""
+
+    def _decode(self, ids: list[int]) -> str:
+        """``tokenizer.decode(ids, skip_special_tokens=False)``; for byte-level BPE the lossy
+        UTF-8 of the ids' bytes, which is what it is by definition, at a fraction of the cost
+        (tests/test_pipeline_logprobs_json.py holds the two equal)."""
+        raw = self._td.raw_table
+        if raw is None:
+            return self._td.tokenizer.decode(ids, skip_special_tokens=False)
+        size = len(raw)
+        return b"".join([raw[i] for i in ids if 0 <= i < size]).decode("utf-8", "replace")
 
     def _head(self, tid: int) -> bytes:
         return token_head(self._fix(tid, self._td.token_text(tid)))
@@ -122,10 +144,14 @@ class ChoiceLogprobs:
         ctx = self._ctx
         ids: Sequence[int] = ()
         fl: list[bytes] = []
-        width = n_rows = 0
+        width = n_rows = off = 0
         if rows is not None:
             ids, width, n_rows = rows.token_ids, rows.width, rows.num_tokens
-            fl = _floats(rows.logprobs)
+            if rows.frame is not None:
+                # Encoded once for every output of the engine message (decode_engine_outputs).
+                fl, off = rows.frame.texts(), rows.offset
+            else:
+                fl = float_texts(rows.logprobs)
         parts: list[bytes] = []
         add = parts.extend
         sep = b"["
@@ -139,12 +165,12 @@ class ChoiceLogprobs:
             if i >= n_rows:
                 add((sep, head, _FLOOR_JSON, e[1], _NO_TOP))
             elif not limit:
-                add((sep, head, fl[i * width], e[1], _NO_TOP))
+                add((sep, head, fl[off + i * width], e[1], _NO_TOP))
             else:
                 # The candidates: the sampled token (column 0) first, then the top-k without
                 # it, at most ``limit``. This loop runs k+1 times per token.
                 base = i * width
-                f = fl[base]
+                f = fl[off + base]
                 sampled = ids[base]
                 if sampled == tid:
                     add((sep, head, f, e[1], _TOP, head, f, e[1]))
@@ -166,7 +192,7 @@ class ChoiceLogprobs:
                     if te is None:
                         te = info(t)
                     h = te[0]
-                    add((b"},", h if h is not None else self._head(t), fl[col], te[1]))
+                    add((b"},", h if h is not None else self._head(t), fl[off + col], te[1]))
                 parts.append(b"}]}")
             sep = b","
             ctx.append(tid)
@@ -174,6 +200,39 @@ class ChoiceLogprobs:
                 del ctx[0]
         parts.append(b"]" if parts else b"[]")
         return msgspec.Raw(b"".join(parts))
+
+    def chat_one(self, tid: int, rows: LogprobRows) -> msgspec.Raw:
+        """``chat([tid], rows)`` for the streaming case, one token and its row: a slice of
+        the engine message's candidate objects (``frame_entries``) joined. Valid when the
+        sampled token is column 0 and does not recur among the next ``limit - 1`` columns
+        (always so from vLLM): the candidates are then exactly those columns."""
+        ids = rows.token_ids
+        limit = self._num
+        frame = rows.frame
+        # count, not ``in ids[1:limit]``: no tuple to allocate (a recurrence past ``limit``
+        # takes the general path needlessly, exactly all the same).
+        if (frame is None or len(ids) != rows.width or not 0 < limit <= len(ids)
+                or ids[0] != tid or ids.count(tid) != 1):
+            return self.chat((tid,), rows)
+        td = self._td
+        objs = frame.entries.get(td)
+        if objs is None:
+            if td in frame.entries:
+                return self.chat((tid,), rows)
+            objs = frame.entries[td] = frame_entries(frame, td)
+            if objs is None:
+                return self.chat((tid,), rows)
+        start = rows.offset
+        # bytes concatenations, not a join of a tuple: bytes are not tracked by the GC.
+        js = b"[" + objs[start] + _TOP + b"},".join(objs[start:start + limit]) + b"}]}]"
+        if CONTEXT_HEAD in js:
+            # A token whose shown text depends on the preceding ones: the general path.
+            return self.chat((tid,), rows)
+        ctx = self._ctx
+        ctx.append(tid)
+        if len(ctx) > _CONTEXT:
+            del ctx[0]
+        return msgspec.Raw(js)
 
     def completion(self, token_ids: Sequence[int], rows: LogprobRows | None) -> CompletionLogprobs:
         text = self._td.token_text

@@ -6,9 +6,10 @@ frames that follow the msgpack payload. Logprobs travel this way as ``LogprobsLi
 ``(logprob_token_ids, logprobs, sampled_token_ranks, cu_num_generated_tokens)``.
 
 Two decodings: ``decode_logprobs`` gives numpy arrays (prompt logprobs, tools, tests); the
-receive path decodes the arrays typed (``WireLogprobs``) and ``rows_from_wire`` turns them
-straight into Python numbers (``LogprobRows``), one ``struct`` unpack per array: a top-5 row is
-three arrays of a few bytes, for which numpy's per-call cost (~1 µs each) dominated.
+receive path turns the arrays straight into Python numbers (``LogprobRows``) with ``struct``: a
+top-5 row is three arrays of a few bytes, for which numpy's per-call cost (~1 µs each)
+dominated. ``rows_from_wire`` reads the typed arrays (``WireLogprobs``), one unpack each;
+``router.logprob_layout`` reads a known byte layout with one unpack for all three.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any, NamedTuple
 import msgspec
 import numpy as np
 import numpy.typing as npt
+
+from router.logprob_frame import FrameLogprobs
 
 # vLLM's VLLM_MSGPACK_ZERO_COPY_THRESHOLD default: larger arrays go out of band.
 INLINE_THRESHOLD = 256
@@ -109,14 +112,20 @@ class WireLogprobs(msgspec.Struct, array_like=True, gc=False):
     cu_num_generated_tokens: list[int] | None = None
 
 
-class LogprobRows(NamedTuple):
+class LogprobRows(msgspec.Struct, gc=False):
     """An output's logprobs as Python numbers; row ``i`` (generated token i) is
-    ``token_ids[i * width : (i + 1) * width]``, column 0 the sampled token, then the top-k."""
+    ``token_ids[i * width : (i + 1) * width]``, column 0 the sampled token, then the top-k.
+    ``frame`` (if set) holds these numbers again, with those of the other outputs of the same
+    engine message, from ``offset`` on: formatting works on the whole message at once. A
+    Struct, not a NamedTuple: one is made per output and a NamedTuple's ``__new__`` is a
+    Python call (~4x the cost)."""
 
     token_ids: Sequence[int]
     logprobs: Sequence[float]
     sampled_ranks: Sequence[int]
     width: int
+    frame: FrameLogprobs | None = None
+    offset: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -125,8 +134,8 @@ class LogprobRows(NamedTuple):
 
 # numpy dtype strings (byte order + kind + size) -> struct byte order and codes; struct reads
 # either byte order on any host (vLLM runs on big-endian s390x too).
-_STRUCT_ORDER = {"<": "<", "|": "<", ">": ">"}
-_STRUCT_CODES = {"i4": "i", "f4": "f", "i8": "q", "f8": "d", "i2": "h", "f2": "e", "u4": "I",
+STRUCT_ORDER = {"<": "<", "|": "<", ">": ">"}
+STRUCT_CODES = {"i4": "i", "f4": "f", "i8": "q", "f8": "d", "i2": "h", "f2": "e", "u4": "I",
                  "u8": "Q", "i1": "b", "u1": "B"}
 
 
@@ -135,7 +144,7 @@ def _unpacker(dtype: str, count: int) -> Callable[[Buffer], tuple[Any, ...]]:
     # One compiled struct per (dtype, length): a per-step logprob row is 1 x (k+1) of a few
     # dtypes, so the cache stays tiny; unpack is one C call (numpy costs ~1 µs per array).
     # KeyError for any other dtype.
-    return struct.Struct(f"{_STRUCT_ORDER[dtype[:1]]}{count}{_STRUCT_CODES[dtype[1:]]}").unpack
+    return struct.Struct(f"{STRUCT_ORDER[dtype[:1]]}{count}{STRUCT_CODES[dtype[1:]]}").unpack
 
 
 def _buffer(data: msgspec.msgpack.Ext | int, aux: Sequence[Buffer]) -> Any:

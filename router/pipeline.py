@@ -263,8 +263,14 @@ class Pipeline:
                 finish, stop_reason, abort = "stop", match.stop, True
                 choice.finished = True
         choice.tokens += len(ids)
-        lp = choice.logprobs.chat(  # type: ignore[union-attr]
-            ids, None if out.new_logprobs is None else rows_of(out.new_logprobs))
+        rows = out.new_logprobs
+        if rows is None:
+            lp = choice.logprobs.chat(ids, None)  # type: ignore[union-attr]
+        elif ids:
+            lp = choice.logprobs.chat_one(  # type: ignore[union-attr]
+                ids[0], rows if type(rows) is LogprobRows else rows_of(rows))
+        else:
+            lp = choice.logprobs.chat(ids, rows_of(rows))  # type: ignore[union-attr]
         spec = self.spec
         return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
             ChatChunkChoice(index, ChatDelta(None, text), ChatLogprobs(lp), finish,
