@@ -174,18 +174,24 @@ class Dispatcher:
             for _ in children:
                 self.admission.prefilled(engine, uncached // n)
             self._succeeded(engine)
-            in_flight, predicted, engine_cached = self._engine_metrics(engine)
-            in_flight.set(self.admission.in_flight(engine))
-            predicted.inc(decision.cached_tokens)
-            reported = _cached_tokens(first[0])
-            if reported is not None:
-                engine_cached.inc(reported)
-                self.metrics.prediction_error.observe(reported - decision.cached_tokens)
+            # The metrics wait for the next loop pass: the answer is written before it.
+            asyncio.get_running_loop().call_soon(self._opened_metrics, engine,
+                                                 decision.cached_tokens, first[0])
             return Routed(decision, uncached, streams, first, attempt)
         if last_error is not None:
             raise last_error
         raise Overloaded(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
+
+    def _opened_metrics(self, engine: str, predicted_cached: int,
+                        first: EngineCoreOutput) -> None:
+        in_flight, predicted, engine_cached = self._engine_metrics(engine)
+        in_flight.set(self.admission.in_flight(engine))
+        predicted.inc(predicted_cached)
+        reported = _cached_tokens(first)
+        if reported is not None:
+            engine_cached.inc(reported)
+            self.metrics.prediction_error.observe(reported - predicted_cached)
 
     def _log_decision(self, request_id: str, decision: Decision, prompt_tokens: int,
                       attempt: int) -> bool:
