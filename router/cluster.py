@@ -170,8 +170,10 @@ class LocalCluster:
         self.procs[name].wait(10)
 
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            # A loop already closed: the router shut down on its own (begin_shutdown, drained).
+            with contextlib.suppress(RuntimeError):  # closed between the check and the call
+                self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(30)
         for t in self.threads.values():

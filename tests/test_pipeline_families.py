@@ -54,7 +54,11 @@ def test_incremental_text_equals_decode(family: str) -> None:
         text = "".join(d.step(i) for i in ids) + d.flush()
         whole = tok.decode(tail + ids, skip_special_tokens=skip)
         head = tok.decode(tail, skip_special_tokens=skip)
-        if whole.startswith(head) and not head.endswith("\ufffd"):
+        # The same byte-fallback caveat as above: a run of byte tokens that is not UTF-8 as a
+        # whole (e.g. 0x19 then a stray continuation byte) decodes to U+FFFD per byte, while
+        # the stream already sent the valid leading byte.
+        tail_ok = not head.endswith("\ufffd") and "\ufffd" not in whole[len(head):]
+        if whole.startswith(head) and tail_ok:
             assert text == whole[len(head):]
 
     check()

@@ -153,14 +153,16 @@ def test_full_engines_queue_then_429_and_503() -> None:
 
 
 def test_graceful_shutdown_drains_streams() -> None:
-    c = LocalCluster(ClusterOptions(engines=1, sim={"step_time": 0.01}))
+    # The stream lasts ~4 s: the probes below must see the draining router before it has
+    # finished the stream and closed (a CI run at load 8 took over 1 s to make its first probe).
+    c = LocalCluster(ClusterOptions(engines=1, sim={"step_time": 0.02}))
     c.start()
     try:
         done = threading.Event()
         text: list[str] = []
         with httpx.Client(base_url=c.base_url, timeout=30) as http:
             with http.stream("POST", "/v1/completions", json={
-                    "model": MODEL, "prompt": "drain", "max_tokens": 100, "stream": True}) as r:
+                    "model": MODEL, "prompt": "drain", "max_tokens": 200, "stream": True}) as r:
                 lines = r.iter_lines()
                 text.append(next(lines))
                 c.begin_shutdown()
