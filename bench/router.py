@@ -218,7 +218,7 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
                      concurrency: int, tokens: TokenTable, blocks: int,
                      config: PolicyConfig | None = None,
                      engine_time: tuple[float, float] = (STEP_TIME, PREFILL_PER_TOKEN),
-                     ) -> dict[str, float]:
+                     rate: float = 0.0) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix=f"kvr-bench-c-{name}-"))
     specs = [EngineSpec(f"e{i}", f"ipc://{tmp}/e{i}.hs") for i in range(engines_n)]
     client = EngineClient([link_spec(s) for s in specs])
@@ -261,40 +261,60 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
     queue = list(enumerate(reqs))
     queue.reverse()
 
-    async def worker() -> None:
+    async def one(i: int, ids: list[int], t0: float) -> None:
+        # t0: when the request arrived, on the sim engines' event clock (time.monotonic).
         nonlocal cached, prompt, preempted
+        routed = await dispatcher.open(f"{name}-{i}", ids,
+                                       SamplingParams(max_tokens=8, temperature=0.0))
+        t1 = time.monotonic()
+        ttft.append(t1 - t0)
+        first = routed.first[0]
+        stamps = {e.type: e.timestamp for e in first.events or ()}  # last of each type
+        if EngineCoreEventType.SCHEDULED in stamps:
+            waits.append(stamps[EngineCoreEventType.SCHEDULED]
+                         - stamps.get(EngineCoreEventType.QUEUED, t0))
+            execs.append(t1 - stamps[EngineCoreEventType.SCHEDULED])
+        preempted += EngineCoreEventType.PREEMPTED in stamps
+        engine = routed.decision.engine
+        per_engine[engine] = per_engine.get(engine, 0) + 1
+        reason = routed.decision.reason
+        reasons[reason] = reasons.get(reason, 0) + 1
+        head = tuple(ids[:32])
+        if last_engine.setdefault(head, engine) != engine:  # the tenant moved: why
+            moves[reason] = moves.get(reason, 0) + 1
+            last_engine[head] = engine
+        tenant_engines.setdefault(head, set()).add(engine)
+        stats = first.prefill_stats or {}
+        cached += int(stats.get("num_cached_tokens", 0))
+        prompt += len(ids)
+        async for _ in routed.outputs(0):
+            pass
+        dispatcher.done(routed)
+
+    async def worker() -> None:  # closed loop: the next request when this one is done
         while queue:
             i, (ids, _) = queue.pop()
-            t0 = time.monotonic()  # the sim engines' event clock (same process)
-            routed = await dispatcher.open(f"{name}-{i}", ids,
-                                           SamplingParams(max_tokens=8, temperature=0.0))
-            t1 = time.monotonic()
-            ttft.append(t1 - t0)
-            first = routed.first[0]
-            stamps = {e.type: e.timestamp for e in first.events or ()}  # last of each type
-            if EngineCoreEventType.SCHEDULED in stamps:
-                waits.append(stamps[EngineCoreEventType.SCHEDULED]
-                             - stamps.get(EngineCoreEventType.QUEUED, t0))
-                execs.append(t1 - stamps[EngineCoreEventType.SCHEDULED])
-            preempted += EngineCoreEventType.PREEMPTED in stamps
-            engine = routed.decision.engine
-            per_engine[engine] = per_engine.get(engine, 0) + 1
-            reason = routed.decision.reason
-            reasons[reason] = reasons.get(reason, 0) + 1
-            head = tuple(ids[:32])
-            if last_engine.setdefault(head, engine) != engine:  # the tenant moved: why
-                moves[reason] = moves.get(reason, 0) + 1
-                last_engine[head] = engine
-            tenant_engines.setdefault(head, set()).add(engine)
-            stats = first.prefill_stats or {}
-            cached += int(stats.get("num_cached_tokens", 0))
-            prompt += len(ids)
-            async for _ in routed.outputs(0):
-                pass
-            dispatcher.done(routed)
+            await one(i, ids, time.monotonic())
+
+    async def arrivals() -> None:
+        # Open loop: Poisson arrivals at `rate`, the same schedule for every policy, TTFT from
+        # the scheduled arrival. In a closed loop a policy that stalls some requests lowers the
+        # load it is measured under (fewer requests in flight elsewhere), flattering its p50.
+        gaps, start, at = random.Random(7), time.monotonic(), 0.0
+        tasks = []
+        for i, (ids, _) in enumerate(reqs):
+            at += gaps.expovariate(rate)
+            delay = start + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing the arrivals, not waiting on an event
+            tasks.append(asyncio.create_task(one(i, ids, start + at)))
+        await asyncio.gather(*tasks)
 
     cpu0, t0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    if rate > 0:
+        await arrivals()
+    else:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     watch.cancel()
     await kv.close()
@@ -317,6 +337,7 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
 async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: int,
                  policies: list[str], config: PolicyConfig, reps: int,
                  engine_time: tuple[float, float] = (STEP_TIME, PREFILL_PER_TOKEN),
+                 rate: float = 0.0,
                  ) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, float]]]]:
     """Medians per policy, and every repetition's numbers."""
     from tokenizers import Tokenizer
@@ -335,7 +356,7 @@ async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: i
         k = rep % len(policies)
         for name in policies[k:] + policies[:k]:
             r = await run_policy(name, reqs, engines, concurrency, tokens, blocks, config,
-                                 engine_time)
+                                 engine_time, rate)
             runs[name].append(r)
             print(f"  rep {rep} {name:<18} "
                   f"{json.dumps({key: round(r[key], 3) for key in shown})}", flush=True)
@@ -464,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--blocks", type=int, default=160, help="KV blocks per sim engine")
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--rate", type=float, default=70.0,
+                   help="(c): open loop, Poisson arrivals per second (0: closed loop)")
     p.add_argument("--policies",
                    default="cache_aware,oracle,sglang_char_tree,shortest_queue,round_robin")
     p.add_argument("--load-weight", type=float, default=PolicyConfig().load_weight)
@@ -494,8 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  load average {b['load_average_1m']:.2f}; the target (<= 1 ms) is measured "
               "on token_in")
     if "c" in parts:
+        loop = f"open loop, {a.rate:g} req/s" if a.rate > 0 else f"concurrency {a.concurrency}"
         print(f"(c) cache effectiveness: {a.engines} engines x {a.blocks} blocks, {a.tenants} "
-              f"tenants, {a.requests} requests, concurrency {a.concurrency}")
+              f"tenants, {a.requests} requests, {loop}")
         cfg = PolicyConfig("cache_aware", load_weight=a.load_weight,
                            request_tokens=a.request_tokens, cold_load_factor=a.cold_load_factor,
                            min_hit_fraction=a.min_hit_fraction)
@@ -503,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
               f"uncached prompt token; load average {os.getloadavg()[0]:.2f}")
         results["c"], results["c_runs"] = asyncio.run(part_c(
             a.requests, a.engines, a.tenants, a.concurrency, a.blocks, a.policies.split(","),
-            cfg, a.reps, (a.step_time, a.prefill_per_token)))
+            cfg, a.reps, (a.step_time, a.prefill_per_token), a.rate))
         results["c_argv"] = sys.argv[1:] if argv is None else argv
         print("  medians over reps:")
         for name, r in results["c"].items():
