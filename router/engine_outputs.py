@@ -71,7 +71,7 @@ def decode_engine_outputs(decoder: Any, bufs: Sequence[Any]) -> Any:
     frame: FrameLogprobs | None = None
     id_parts: list[Sequence[int]] = []
     lp_parts: list[Sequence[float]] = []
-    size = 0
+    size = width = 0
     for out in outs.outputs:
         lp = out.new_logprobs
         if lp is not None:
@@ -86,6 +86,9 @@ def decode_engine_outputs(decoder: Any, bufs: Sequence[Any]) -> Any:
                     if frame is None:
                         frame = FrameLogprobs()
                         id_parts, lp_parts = frame.id_parts, frame.lp_parts
+                        width = rows.width
+                    if len(ids) != width or rows.width != width:
+                        width = -1  # not every output one row of one width
                     rows.frame = frame
                     rows.offset = size
                     id_parts.append(ids)
@@ -94,4 +97,6 @@ def decode_engine_outputs(decoder: Any, bufs: Sequence[Any]) -> Any:
             out.new_logprobs = rows
         if out.new_prompt_logprobs_tensors is not None:
             out.new_prompt_logprobs_tensors = decode_logprobs(out.new_prompt_logprobs_tensors, bufs)
+    if frame is not None and width > 0:
+        frame.width = width
     return outs

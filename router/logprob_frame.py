@@ -10,10 +10,13 @@ calls over the whole message when the first output asks, and each output takes a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from itertools import chain
+from collections.abc import Iterable, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
 
 import msgspec
+
+from router.detokenize import CONTEXT_HEAD, TokenDecoder
 
 FLOOR = -9999.0
 _encode = msgspec.json.encode
@@ -37,20 +40,24 @@ def float_texts(lps: Sequence[float]) -> list[bytes]:
     return js[1:-1].split(b",")
 
 
+TOP = b',"top_logprobs":['
+
+
 class FrameLogprobs:
     """The token ids and logprobs of all outputs of one engine message.
 
     The decoder appends each output's (equally long) ``token_ids`` and ``logprobs`` and records
     where they start (``LogprobRows.offset``): that output's numbers are
-    ``texts()[offset : offset + len(logprobs)]``. ``entries`` caches, per ``TokenDecoder``,
-    the per-candidate JSON that ``router.logprobs`` builds from them."""
+    ``texts()[offset : offset + len(logprobs)]``. ``entries`` caches ``chat_contents`` per
+    (``TokenDecoder``, top_logprobs)."""
 
-    __slots__ = ("id_parts", "lp_parts", "entries", "_texts")
+    __slots__ = ("id_parts", "lp_parts", "width", "entries", "_texts")
 
     def __init__(self) -> None:
         self.id_parts: list[Sequence[int]] = []
         self.lp_parts: list[Sequence[float]] = []
-        self.entries: dict[object, list[bytes] | None] = {}
+        self.width = 0  # every output one row of this width (0: not so)
+        self.entries: dict[object, tuple[list[bytes], bool] | None] = {}
         self._texts: list[bytes] | None = None
 
     def token_ids(self) -> Sequence[int]:
@@ -64,3 +71,46 @@ class FrameLogprobs:
             flat = parts[0] if len(parts) == 1 else list(chain.from_iterable(parts))
             texts = self._texts = float_texts(flat) if flat else []
         return texts
+
+
+def chat_contents(frame: FrameLogprobs, td: TokenDecoder, limit: int
+                  ) -> tuple[list[bytes], bool] | None:
+    """Per output of the message (each one row of ``frame.width`` columns, column 0 the
+    sampled token), its chat ``logprobs.content`` JSON with the first ``limit`` columns as
+    top_logprobs; and whether any head is ``CONTEXT_HEAD`` (a token whose shown text depends
+    on the preceding ones: the caller must check its output's JSON and fall back). None if
+    an id is outside the vocabulary or the outputs are not one row each.
+
+    The pieces of all outputs are interleaved by ``zip`` over column slices and joined per
+    output by ``map``: a few C calls per message instead of Python work per candidate."""
+    width = frame.width
+    ids = frame.token_ids()
+    if not width or not 0 < limit <= width or not ids or min(ids) < 0:
+        return None
+    heads, tails = td.head_table, td.tail_table
+    pick = itemgetter(*ids) if len(ids) > 1 else lambda table: (table[ids[0]],)
+    try:
+        h, t = pick(heads), pick(tails)
+    except IndexError:  # an id outside the vocabulary (tokenizers' decode skips it)
+        return None
+    f = frame.texts()
+    try:
+        contents = _interleave(h, f, t, width, limit)
+    except TypeError:  # ids met for the first time: their fragments are made now
+        for i in set(ids):
+            if heads[i] is None:
+                td.token_json(i)
+        h, t = pick(heads), pick(tails)
+        contents = _interleave(h, f, t, width, limit)
+    return contents, CONTEXT_HEAD in h
+
+
+def _interleave(h: Sequence[bytes | None], f: Sequence[bytes], t: Sequence[bytes | None],
+                width: int, limit: int) -> list[bytes]:
+    h0, f0, t0 = h[::width], f[::width], t[::width]
+    seqs: list[Iterable[bytes | None]] = [repeat(b"["), h0, f0, t0, repeat(TOP), h0, f0, t0]
+    for col in range(1, limit):
+        seqs += (repeat(b"},"), h[col::width], f[col::width], t[col::width])
+    seqs.append(repeat(b"}]}]"))
+    # The repeats are endless: the column slices (one item per output) end the zip.
+    return list(map(b"".join, zip(*seqs, strict=False)))

@@ -11,29 +11,29 @@ UTF-8 of the text.
 
 Chat logprobs (6 entries per token at top-5, the costliest part of the stream) are written as
 JSON directly: per token id the encoded text and bytes are cached (``TokenDecoder.token_json``).
-When the engine client decoded the output (``LogprobRows.frame``), every candidate object of the
-whole engine message is built by a few C calls at once (``frame_entries``) and a streamed token
-(``chat_one``) joins a slice of them; otherwise each entry is a few bytes concatenations
-(``chat``). Both give exactly what msgspec writes for ``list[ChatLogprobsContent]``
-(tests/test_pipeline_logprobs_json.py and tests/test_pipeline_logprobs_frame.py hold them to it).
+When the engine client decoded the output (``LogprobRows.frame``), the content JSON of every
+output of the whole engine message is built by a few C calls at once
+(``logprob_frame.chat_contents``) and a streamed token (``chat_one``) takes its own; otherwise
+each entry is a few bytes concatenations (``chat``). Both give exactly what msgspec writes for
+``list[ChatLogprobsContent]`` (tests/test_pipeline_logprobs_json.py and
+tests/test_pipeline_logprobs_frame.py hold them to it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter
 
 import msgspec
 
 from router.detokenize import CONTEXT_HEAD, TokenDecoder, token_head
-from router.logprob_frame import FLOOR, FrameLogprobs, clamp, float_texts
+from router.logprob_frame import FLOOR, TOP, chat_contents, clamp, float_texts
 from router.ndarrays import LogprobRows
 from router.openai_types import CompletionLogprobs, GenerateLogprob, GenerateLogprobsContent
 
 __all__ = ["FLOOR", "ChoiceLogprobs", "clamp"]
 
 _FLOOR_JSON = msgspec.json.encode(FLOOR)
-_TOP, _NO_TOP = b',"top_logprobs":[', b',"top_logprobs":[]}'
+_TOP, _NO_TOP = TOP, b',"top_logprobs":[]}'
 # Preceding sampled tokens tried when a token is part of a UTF-8 character (4 bytes at most).
 _CONTEXT = 4
 
@@ -52,27 +52,6 @@ def _candidates(ids: Sequence[int], lps: Sequence[float], base: int, width: int,
             continue
         out.append((tid, lps[base + col], col))
     return out
-
-
-def frame_entries(frame: FrameLogprobs, td: TokenDecoder) -> list[bytes] | None:
-    """Per column of every output of an engine message, its chat logprob object without the
-    closing brace (``{"token":..,"logprob":..,"bytes":[..]``), or None when an id is outside
-    the vocabulary. A head that depends on context is ``CONTEXT_HEAD``, which the caller
-    detects. A few C calls over the whole message (itemgetter, map, zip): ~0.1 µs a column."""
-    ids = frame.token_ids()
-    if not ids:
-        return []
-    heads, tails = td.head_table, td.tail_table
-    if min(ids) < 0 or max(ids) >= len(heads):
-        return None
-    pick = itemgetter(*ids) if len(ids) > 1 else lambda table: (table[ids[0]],)
-    h = pick(heads)
-    if None in h:
-        for t in set(ids):
-            if heads[t] is None:
-                td.token_json(t)
-        h = pick(heads)
-    return list(map(b"".join, zip(h, frame.texts(), pick(tails), strict=True)))
 
 
 class ChoiceLogprobs:
@@ -202,30 +181,30 @@ class ChoiceLogprobs:
         return msgspec.Raw(b"".join(parts))
 
     def chat_one(self, tid: int, rows: LogprobRows) -> msgspec.Raw:
-        """``chat([tid], rows)`` for the streaming case, one token and its row: a slice of
-        the engine message's candidate objects (``frame_entries``) joined. Valid when the
-        sampled token is column 0 and does not recur among the next ``limit - 1`` columns
-        (always so from vLLM): the candidates are then exactly those columns."""
+        """``chat([tid], rows)`` for the streaming case, one token and its row: the content
+        JSON made for every output of the engine message at once (``chat_contents``). Valid
+        when the sampled token is column 0 and does not recur among the next ``limit - 1``
+        columns (always so from vLLM): the candidates are then exactly those columns."""
         ids = rows.token_ids
         limit = self._num
         frame = rows.frame
+        width = rows.width
         # count, not ``in ids[1:limit]``: no tuple to allocate (a recurrence past ``limit``
         # takes the general path needlessly, exactly all the same).
-        if (frame is None or len(ids) != rows.width or not 0 < limit <= len(ids)
+        if (frame is None or frame.width != width or not 0 < limit <= width
                 or ids[0] != tid or ids.count(tid) != 1):
             return self.chat((tid,), rows)
-        td = self._td
-        objs = frame.entries.get(td)
-        if objs is None:
-            if td in frame.entries:
+        key = (self._td, limit)
+        got = frame.entries.get(key)
+        if got is None:
+            if key in frame.entries:
                 return self.chat((tid,), rows)
-            objs = frame.entries[td] = frame_entries(frame, td)
-            if objs is None:
+            got = frame.entries[key] = chat_contents(frame, self._td, limit)
+            if got is None:
                 return self.chat((tid,), rows)
-        start = rows.offset
-        # bytes concatenations, not a join of a tuple: bytes are not tracked by the GC.
-        js = b"[" + objs[start] + _TOP + b"},".join(objs[start:start + limit]) + b"}]}]"
-        if CONTEXT_HEAD in js:
+        contents, context = got
+        js = contents[rows.offset // width]
+        if context and CONTEXT_HEAD in js:
             # A token whose shown text depends on the preceding ones: the general path.
             return self.chat((tid,), rows)
         ctx = self._ctx

@@ -190,7 +190,7 @@ def test_pipeline_stream_on_engine_messages_equals_the_general_path(decoder: Tok
                     rows.frame = None  # ChoiceLogprobs.chat, token by token
                 chunk, _ = pipes[int(out.request_id[1:])].feed(0, out)
                 if frames:
-                    built.append(decoder in frame.entries)
+                    built.append((decoder, 5) in frame.entries)
                 if chunk is not None:
                     got.append(enc.encode(chunk))
         return got
