@@ -10,7 +10,7 @@ calls over the whole message when the first output asks, and each output takes a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, repeat
 from operator import itemgetter
 
@@ -64,6 +64,10 @@ class FrameLogprobs:
         parts = self.id_parts
         return parts[0] if len(parts) == 1 else tuple(chain.from_iterable(parts))
 
+    def logprobs(self) -> Sequence[float]:
+        parts = self.lp_parts
+        return parts[0] if len(parts) == 1 else tuple(chain.from_iterable(parts))
+
     def texts(self) -> list[bytes]:
         texts = self._texts
         if texts is None:
@@ -85,32 +89,46 @@ def chat_contents(frame: FrameLogprobs, td: TokenDecoder, limit: int
     output by ``map``: a few C calls per message instead of Python work per candidate."""
     width = frame.width
     ids = frame.token_ids()
-    if not width or not 0 < limit <= width or not ids or min(ids) < 0:
+    if not width or not 0 < limit <= width or not ids:
         return None
     heads, tails = td.head_table, td.tail_table
-    pick = itemgetter(*ids) if len(ids) > 1 else lambda table: (table[ids[0]],)
-    try:
-        h, t = pick(heads), pick(tails)
-    except IndexError:  # an id outside the vocabulary (tokenizers' decode skips it)
+    # Only the first ``limit`` columns are shown: ids, table entries and float texts are taken
+    # per column, each a slice across all outputs.
+    id_cols = [ids[col::width] for col in range(limit)]
+    if min(map(min, id_cols)) < 0:
         return None
-    f = frame.texts()
-    try:
-        contents = _interleave(h, f, t, width, limit)
-    except TypeError:  # ids met for the first time: their fragments are made now
-        for i in set(ids):
-            if heads[i] is None:
-                td.token_json(i)
-        h, t = pick(heads), pick(tails)
-        contents = _interleave(h, f, t, width, limit)
-    return contents, CONTEXT_HEAD in h
+    lps = frame.logprobs()
+    f_cols = [float_texts(lps[col::width]) for col in range(limit)]
+    for attempt in (0, 1):
+        h_cols, t_cols = [], []
+        for col_ids in id_cols:
+            pick = itemgetter(*col_ids) if len(col_ids) > 1 else _one(col_ids[0])
+            try:
+                h_cols.append(pick(heads))
+                t_cols.append(pick(tails))
+            except IndexError:  # an id outside the vocabulary (tokenizers' decode skips it)
+                return None
+        try:
+            return _interleave(h_cols, f_cols, t_cols), any(CONTEXT_HEAD in h for h in h_cols)
+        except TypeError:  # ids met for the first time: their fragments are made now
+            if attempt:
+                raise
+            for i in set(chain.from_iterable(id_cols)):
+                if heads[i] is None:
+                    td.token_json(i)
+    return None  # not reached
 
 
-def _interleave(h: Sequence[bytes | None], f: Sequence[bytes], t: Sequence[bytes | None],
-                width: int, limit: int) -> list[bytes]:
-    h0, f0, t0 = h[::width], f[::width], t[::width]
-    seqs: list[Iterable[bytes | None]] = [repeat(b"["), h0, f0, t0, repeat(TOP), h0, f0, t0]
-    for col in range(1, limit):
-        seqs += (repeat(b"},"), h[col::width], f[col::width], t[col::width])
+def _one(i: int) -> Callable[[Sequence[bytes | None]], tuple[bytes | None]]:
+    return lambda table: (table[i],)
+
+
+def _interleave(h: list[Sequence[bytes | None]], f: list[list[bytes]],
+                t: list[Sequence[bytes | None]]) -> list[bytes]:
+    seqs: list[Iterable[bytes | None]] = [repeat(b"["), h[0], f[0], t[0], repeat(TOP), h[0],
+                                          f[0], t[0]]
+    for col in range(1, len(h)):
+        seqs += (repeat(b"},"), h[col], f[col], t[col])
     seqs.append(repeat(b"}]}]"))
-    # The repeats are endless: the column slices (one item per output) end the zip.
+    # The repeats are endless: the columns (one item per output) end the zip.
     return list(map(b"".join, zip(*seqs, strict=False)))
