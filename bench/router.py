@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -355,6 +356,7 @@ async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: i
     for rep in range(reps):
         k = rep % len(policies)
         for name in policies[k:] + policies[:k]:
+            gc.collect()  # the previous run's garbage is not collected on this one's clock
             r = await run_policy(name, reqs, engines, concurrency, tokens, blocks, config,
                                  engine_time, rate)
             runs[name].append(r)
