@@ -203,7 +203,11 @@ def _b_request(kind: str, i: int, rng: random.Random,
 
 def workload(tok: Any, n: int, tenants: int, seed: int) -> list[tuple[list[int], str]]:
     rng = random.Random(seed)
-    words = [w for w in tok.get_vocab() if w.isalpha() and len(w) > 3][:20000]
+    # get_vocab() is a dict in hash order, different in every process: sort, then a seeded shuffle
+    # (a sample like the hash order's, but the same workload in every run).
+    words = sorted(w for w in tok.get_vocab() if w.isalpha() and len(w) > 3)
+    random.Random(seed).shuffle(words)
+    words = words[:20000]
     prefixes = [" ".join(rng.choice(words) for _ in range(rng.randrange(150, 250)))
                 for _ in range(tenants)]
     weights = [1 / (k + 1) ** 1.1 for k in range(tenants)]
