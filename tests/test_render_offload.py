@@ -6,6 +6,7 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,7 @@ def models() -> Models:
     return Models(load_models(parse_args([])), 0)
 
 
-def _where(models: Models, size: int, **overrides: object) -> str:
+def _where(models: Models, size: int, **overrides: Any) -> str:
     cfg = replace(parse_args([]), **overrides)
     renderer = models.get(None)
     pool = ThreadPoolExecutor(1, thread_name_prefix="render")
