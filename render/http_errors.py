@@ -64,7 +64,11 @@ async def on_decode_error(request: Request, exc: Exception) -> Response:
 
 async def on_body_too_large(request: Request, exc: Exception) -> Response:
     _record(request, "Request Entity Too Large")
-    return error_response(413, str(exc), "Request Entity Too Large", None)
+    resp = error_response(413, str(exc), "Request Entity Too Large", None)
+    # The rest of the body is never read: the server closes the connection after this answer,
+    # and says so, or a keep-alive client would send its next request into a closing socket.
+    resp.headers["connection"] = "close"
+    return resp
 
 
 async def on_http_exception(request: Request, exc: Exception) -> Response:

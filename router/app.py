@@ -108,6 +108,10 @@ class Guard:
                 resp = error_response(401, "Invalid or missing API key.", "AuthenticationError",
                                       None)
                 resp.headers["www-authenticate"] = "Bearer"
+                # Answered before its body was read, so the server will close the connection
+                # (h11 cannot find the next request's start): said up front, a keep-alive
+                # client opens a new one instead of writing into a closing socket.
+                resp.headers["connection"] = "close"
                 await resp(scope, receive, send_with_id)
                 return
         if self.lifecycle.draining and path not in PROBES and scope["method"] == "POST":

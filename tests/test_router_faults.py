@@ -122,6 +122,14 @@ def test_api_key_and_body_limit() -> None:
         big = http.post("/v1/chat/completions", json=_chat("x" * 5000, 2),
                         headers={"authorization": "Bearer sekret"})
         assert big.status_code == 413
+        # Refused before their bodies were read, these close their connections and say so: a
+        # keep-alive client mixing them with good requests never writes into a closing socket.
+        assert bad.headers["connection"] == "close" and big.headers["connection"] == "close"
+        for _ in range(20):
+            assert http.post("/v1/chat/completions", json=body).status_code == 401
+            assert http.post("/v1/chat/completions", json=_chat("x" * 5000, 2), headers={
+                "authorization": "Bearer sekret"}).status_code == 413
+            assert http.get("/health").status_code == 200
 
 
 def test_full_engines_queue_then_429_and_503() -> None:
