@@ -66,7 +66,7 @@ class PolicyConfig:
     # How long a routed-but-not-yet-confirmed prefix counts as cached on its engine.
     optimistic_ttl: float = 10.0
     # Prompt heads remembered with the engine they last went to (0 = off): a cold prompt whose
-    # prefix was evicted returns there before trying its hashed home.
+    # prefix was evicted returns there, else goes to the least loaded engine.
     home_memory: int = 65536
     seed: int = 0
     # SGLang's cache_aware knobs (None = off), for users who migrate from sgl-router.
