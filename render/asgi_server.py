@@ -44,6 +44,19 @@ class ServeOptions:
             raise ValueError(f"http server must be one of {SERVERS}, got {self.server!r}")
 
 
+def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening socket, bound before serving: port 0 resolves to a known port, a client that
+    connects before the server starts queues instead of being refused, and worker processes can
+    inherit it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
 async def serve_asgi(app: Any, sock: socket.socket, opts: ServeOptions,
                      shutdown: Shutdown | None = None) -> None:
     """Serve ``app`` on the listening ``sock`` until ``shutdown()`` returns (then open requests

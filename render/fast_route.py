@@ -19,7 +19,7 @@ import msgspec
 from starlette.requests import Request
 
 from render import Renderer
-from render.http_errors import EXCEPTION_HANDLERS, Handler
+from render.http_errors import EXCEPTION_HANDLERS, handler_for
 from render.protocol import ChatCompletionRequest, CompletionRequest
 from render.server import render_in
 
@@ -68,7 +68,9 @@ class FastRenderRoute:
         try:
             payload, tokens, model = await self._render(state, path, body)
         except Exception as exc:  # answered by the app's own handler for it (one mapping)
-            response = await _handler(exc)(Request(scope), exc)
+            _, handler = handler_for(EXCEPTION_HANDLERS, exc)
+            assert handler is not None  # EXCEPTION_HANDLERS maps Exception itself
+            response = await handler(Request(scope), exc)
             await response(scope, receive, send)
             state["metrics"].request_done(path, response.status_code, time.perf_counter() - t0)
             return
@@ -110,12 +112,3 @@ def _completion_job(renderer: Renderer, encoder: msgspec.json.Encoder,
                     req: CompletionRequest) -> tuple[bytes, int]:
     outs = renderer.render_completion(req)
     return encoder.encode(outs), sum(len(o.token_ids) for o in outs)
-
-
-def _handler(exc: Exception) -> Handler:
-    """The exception handler the Starlette app would pick for ``exc`` (nearest class first)."""
-    for cls in type(exc).__mro__:
-        handler = EXCEPTION_HANDLERS.get(cls)
-        if handler is not None:
-            return handler
-    return EXCEPTION_HANDLERS[Exception]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.exceptions import HTTPException
@@ -89,6 +89,17 @@ async def on_unexpected(request: Request, exc: Exception) -> Response:
 
 
 Handler = Callable[[Request, Exception], Coroutine[Any, Any, Response]]
+H = TypeVar("H")
+
+def handler_for(handlers: Mapping[Any, H], exc: Exception) -> tuple[type, H] | tuple[None, None]:
+    """The handler a Starlette app with ``handlers`` picks for ``exc`` (nearest class first),
+    and the class it is registered for; for the raw ASGI routes in front of such apps."""
+    for cls in type(exc).__mro__:
+        handler = handlers.get(cls)
+        if handler is not None:
+            return cls, handler
+    return None, None
+
 
 EXCEPTION_HANDLERS: Mapping[Any, Handler] = {
     RenderError: on_render_error,

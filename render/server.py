@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from render import ModelRegistry, Renderer
+from render.asgi_server import bind_socket
 from render.errors import ModelNotFoundError, RenderError
 from render.http_config import ServerConfig, parse_args
 from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge
@@ -293,19 +294,6 @@ def create_app(cfg: ServerConfig, *, on_ready: Callable[[], None] | None = None)
 # --- serving ---------------------------------------------------------------------------------
 
 
-def _bind(cfg: ServerConfig) -> socket.socket:
-    """The listening socket, bound once and shared by every worker process."""
-    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((cfg.host, cfg.port))
-    # Listening now, not when the HTTP server starts: "ready" is printed from the lifespan, before
-    # Hypercorn's start_server, and a client connecting in between must queue, not be refused.
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
-
-
 def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None:
     """One serving process (or the only one): builds the app and serves it on uvloop."""
     import uvloop
@@ -337,7 +325,9 @@ def serve(cfg: ServerConfig) -> int:
     """Binds once, then serves here or in ``cfg.workers`` processes sharing the socket."""
     import multiprocessing as mp
 
-    sock = _bind(cfg)
+    # Listening now, not when the HTTP server starts: "ready" is printed from the lifespan,
+    # before the server accepts, and a client connecting in between must queue.
+    sock = bind_socket(cfg.host, cfg.port, backlog=1024)
     port = sock.getsockname()[1]
     cfg = replace(cfg, port=port)  # port 0 resolved, so workers report the real address
     names = ", ".join(m.served_model_name for m in cfg.models)

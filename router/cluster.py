@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from render.asgi_server import DEFAULT_SERVER
+from render.asgi_server import DEFAULT_SERVER, bind_socket
 from router.config import EngineSpec, Limits, RouterConfig
-from router.main import bind_socket, serve
+from router.main import serve
 from router.policy import PolicyConfig
 from router.sim.config import KVEventsConfig, default_model_dir
 from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine

@@ -132,7 +132,8 @@ class Dispatcher:
                 # The ADD is on its way: the bookkeeping below overlaps the engine's work. The
                 # note goes in before any await, so no later decision can miss this route.
                 note()
-                noted = self._log_decision(request_id, decision, len(tokens), attempt)
+                self._log_decision(request_id, decision, len(tokens), attempt)
+                noted = True
                 if n == 1:
                     first = [await anext(streams[0])]
                 else:
@@ -194,7 +195,7 @@ class Dispatcher:
             self.metrics.prediction_error.observe(reported - predicted_cached)
 
     def _log_decision(self, request_id: str, decision: Decision, prompt_tokens: int,
-                      attempt: int) -> bool:
+                      attempt: int) -> None:
         key = (decision.reason, decision.engine)
         counter = self._decision_counters.get(key)
         if counter is None:
@@ -205,7 +206,6 @@ class Dispatcher:
             log.info("route", extra={"request_id": request_id, "engine": decision.engine,
                                      "cached": decision.cached_tokens, "reason": decision.reason,
                                      "prompt_tokens": prompt_tokens, "attempt": attempt})
-        return True
 
     def _engine_metrics(self, engine: str) -> tuple[Any, Any, Any]:
         """The engine's labelled children (in flight, predicted and reported cached tokens)."""

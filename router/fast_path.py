@@ -21,6 +21,7 @@ from typing import Any
 from starlette.datastructures import State
 from starlette.requests import Request
 
+from render.http_errors import handler_for
 from router import handlers
 
 Scope = MutableMapping[str, Any]
@@ -101,18 +102,10 @@ class FastPath:
         except Exception as exc:
             if started:
                 raise  # as Starlette: the answer is under way, the server ends the connection
-            cls, handler = self._handler(exc)
+            cls, handler = handler_for(self.exception_handlers, exc)
             if handler is None:
                 raise
             answer = await handler(Request(scope, receive), exc)
             await answer(scope, receive, send_with_id)
             if cls is Exception:
                 raise  # as Starlette's ServerErrorMiddleware: answered, and the server logs it
-
-    def _handler(self, exc: Exception) -> tuple[type | None, Handler | None]:
-        """The handler the Starlette app would pick for ``exc`` (nearest class first)."""
-        for cls in type(exc).__mro__:
-            handler = self.exception_handlers.get(cls)
-            if handler is not None:
-                return cls, handler
-        return None, None

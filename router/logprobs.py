@@ -33,7 +33,7 @@ from router.openai_types import CompletionLogprobs, GenerateLogprob, GenerateLog
 __all__ = ["FLOOR", "ChoiceLogprobs", "clamp"]
 
 _FLOOR_JSON = msgspec.json.encode(FLOOR)
-_TOP, _NO_TOP = TOP, b',"top_logprobs":[]}'
+_NO_TOP = b',"top_logprobs":[]}'
 # Preceding sampled tokens tried when a token is part of a UTF-8 character (4 bytes at most).
 _CONTEXT = 4
 
@@ -152,12 +152,12 @@ class ChoiceLogprobs:
                 f = fl[off + base]
                 sampled = ids[base]
                 if sampled == tid:
-                    add((sep, head, f, e[1], _TOP, head, f, e[1]))
+                    add((sep, head, f, e[1], TOP, head, f, e[1]))
                 else:  # never from vLLM; kept exact anyway
                     se = table[sampled] if 0 <= sampled < size else None
                     if se is None:
                         se = info(sampled)
-                    add((sep, head, f, e[1], _TOP,
+                    add((sep, head, f, e[1], TOP,
                          se[0] if se[0] is not None else self._head(sampled), f, se[1]))
                 left = limit - 1
                 for col in range(base + 1, base + width):

@@ -12,21 +12,10 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 
-from render.asgi_server import ServeOptions, serve_asgi
+from render.asgi_server import ServeOptions, bind_socket, serve_asgi
 from router import logs
 from router.app import create_app
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind before serving so port 0 resolves to a known port (tests, the demo)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
@@ -71,28 +71,23 @@ class EngineResponse:
             self._observe(pipeline, scope["path"], status)
 
     async def _collected(self, pipeline: Pipeline, route: bytes, receive: Any, send: Any) -> str:
-        outputs = collect(pipeline, self._outputs(), self._abort_choice)
-        if all(s.finished for s in self.routed.streams):
-            # Every output is here already (max_tokens=1, short answers): nothing waits on the
-            # engine, so no disconnect watch and no task; the answer leaves in this loop pass.
-            work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            try:
-                work.set_result(await outputs)
-            except Exception as exc:
-                work.set_exception(exc)
-        else:
-            work = asyncio.ensure_future(outputs)
+        # Every output here already (max_tokens=1, short answers): nothing waits on the engine,
+        # so no disconnect watch and no task; the coroutine is awaited inline below.
+        work: Awaitable[Any] = collect(pipeline, self._outputs(), self._abort_choice)
+        if not all(s.finished for s in self.routed.streams):
+            task = asyncio.ensure_future(work)
             watch = asyncio.ensure_future(client_disconnected(receive))
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
             watch.cancel()
-            if not work.done():
-                work.cancel()
+            if not task.done():
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await work
+                    await task
                 await self._client_left()
                 return "499"
+            work = task  # done: awaiting it below takes no loop pass
         try:
-            body, code = _JSON.encode(work.result()), 200
+            body, code = _JSON.encode(await work), 200
         except EngineOutputError as exc:
             body, code = _JSON.encode(error_response(str(exc), exc.code)), exc.code
         except EngineLinkError as exc:

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
 
 from router.detokenize import TokenDecoder
 from router.engine_outputs import OutputDecoder, ReceivedOutputs, decode_engine_outputs
@@ -28,17 +27,11 @@ from router.logprob_layout import RowLayouts, rows_from_raw
 from router.logprobs import ChoiceLogprobs
 from router.ndarrays import LogprobRows, encode_ndarray
 from router.pipeline import CHAT, Pipeline, PipelineSpec
-from router.wire import EngineCoreOutput, EngineCoreOutputs, enc_hook, ext_hook
-from tests.test_pipeline_logprobs_json import LOGPROB, _reference
+from router.wire import EngineCoreOutput, EngineCoreOutputs, ext_hook
+from tests.test_pipeline_logprobs_json import ENC, LOGPROB, _reference
+from tests.test_pipeline_logprobs_json import decoder as decoder  # the module's fixture
 
-QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
-ENC = msgspec.msgpack.Encoder(enc_hook=enc_hook)
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-@pytest.fixture(scope="module")
-def decoder() -> TokenDecoder:
-    return TokenDecoder(Tokenizer.from_file(str(QWEN3)))
 
 
 @pytest.fixture(scope="module")
