@@ -12,6 +12,7 @@ do the same so the text, and so the token ids, are identical.
 from __future__ import annotations
 
 import json
+import types
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
@@ -20,6 +21,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.utils
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -101,6 +103,10 @@ class _Namespace(jinja2.utils.Namespace):
             )
 
 
+_PLAIN_HOLDERS = (jinja2.runtime.LoopContext, _Namespace)
+_METHOD_TYPES = (types.MethodType, types.BuiltinMethodType)
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     """transformers' sandbox, with its attribute verdicts memoised.
 
@@ -127,6 +133,16 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         # format/format_map, so for the others its verdict is always the plain bound method.
         if type(obj) is str and attribute in _PLAIN_STR_METHODS:
             return getattr(obj, attribute)
+        # ``loop.index0``, ``ns.last_query_index``: the sandbox's verdict on a public attribute of
+        # these two types is always "safe", and it rewrites only bound ``str.format`` methods; for
+        # any other value it returns the value itself.
+        if type(obj) in _PLAIN_HOLDERS and attribute[:1] != "_":
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return super().getattr(obj, attribute)
+            if type(value) not in _METHOD_TYPES:
+                return value
         return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
