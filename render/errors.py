@@ -7,9 +7,12 @@
      └── TemplateUnavailableError 400 no chat template / request template not allowed
 
 The HTTP layer renders any of them as ``{"error": {"message", "type", "param", "code": status}}``.
+They pickle whole (a render helper process sends them back: render/offload.py).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class RenderError(Exception):
@@ -41,6 +44,19 @@ class RenderError(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status}, {self.message!r}, param={self.param!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles as ``cls(*args)``, and args here is (message,): RenderError itself
+        # would fail to unpickle (and break the helper pool), ModelNotFoundError would nest its
+        # message. Rebuilt from the fields instead, whatever the subclass's constructor takes.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[RenderError], args: tuple[Any, ...], state: dict[str, Any]) -> RenderError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class BadRequestError(RenderError):

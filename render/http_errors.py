@@ -36,6 +36,9 @@ class BodyTooLarge(Exception):
         super().__init__(f"Request body exceeds the limit of {limit} bytes.")
         self.limit = limit
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (BodyTooLarge, (self.limit,))  # not ``cls(message)``: pickles whole like the rest
+
 
 def error_response(status: int, message: str, type_: str, param: str | None) -> Response:
     body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
