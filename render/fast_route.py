@@ -5,7 +5,8 @@ Starlette's route matching, Request object, exception and metrics middleware cos
 (same JSON, same metrics) and hands everything else to the Starlette app untouched: other paths,
 bodies without a Content-Length or over the limit. A render that raises is answered by the very
 handler the app maps that exception to (render/http_errors.py), so every error keeps its single
-mapping and a failing render is not run twice.
+mapping and a failing render is not run twice. Bodies over --inline-max-bytes render in a helper
+process (render/offload.py) when one is ready, as in the app's own handlers.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.requests import Request
 
 from render import Renderer
 from render.http_errors import EXCEPTION_HANDLERS, handler_for
+from render.offload import CHAT, COMPLETIONS, RenderHelper
 from render.protocol import ChatCompletionRequest, CompletionRequest
 from render.server import render_in
 
@@ -29,8 +31,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-CHAT = "/v1/chat/completions/render"
-COMPLETIONS = "/v1/completions/render"
 _HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -83,12 +83,16 @@ class FastRenderRoute:
 
     @staticmethod
     async def _render(state: dict[str, Any], path: str, body: bytes) -> tuple[bytes, int, str]:
+        helper: RenderHelper = state["helper"]
+        done = await helper.render(path, body)
+        if done is not None:
+            return done
         codecs, models = state["codecs"], state["models"]
         config, pool = state["config"], state["pool"]
         decoder = codecs.chat if path == CHAT else codecs.completion
         if len(body) > config.inline_max_bytes:
-            # A body this big renders on a thread anyway; decoding it there too keeps the loop
-            # free (~0.7 ms per MB of JSON, 25 ms at the 32 MiB limit).
+            # No helper took it: a body this big renders on a thread; decoding it there too keeps
+            # the loop free (~0.7 ms per MB of JSON, 25 ms at the 32 MiB limit).
             req = await asyncio.get_running_loop().run_in_executor(pool, decoder.decode, body)
         else:
             req = decoder.decode(body)

@@ -46,6 +46,7 @@ class ServerConfig:
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
     render_threads: int = 2
+    render_processes: int = 1
     access_log: bool = False
     http_server: str = DEFAULT_HTTP_SERVER
     switch_interval: float = 0.0005
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
                    help="bodies above this size always render on a thread")
     p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
+    p.add_argument("--render-processes", type=int, default=1,
+                   help="helper processes per worker rendering bodies over --inline-max-bytes "
+                        "(each loads its own copy of the models; 0: render them on a thread)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
                    help="hypercorn (h11; default) or uvicorn (httptools, least CPU per request)")
@@ -152,7 +156,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--offload-bytes", a.offload_bytes, 0),
                              ("--inline-budget-ms", a.inline_budget_ms, 0),
                              ("--inline-max-bytes", a.inline_max_bytes, 0),
-                             ("--render-threads", a.render_threads, 1), ("--port", a.port, 0)):
+                             ("--render-threads", a.render_threads, 1),
+                             ("--render-processes", a.render_processes, 0), ("--port", a.port, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
     return ServerConfig(
@@ -166,6 +171,7 @@ def parse_args(argv: list[str]) -> ServerConfig:
         inline_budget_ms=a.inline_budget_ms,
         inline_max_bytes=a.inline_max_bytes,
         render_threads=a.render_threads,
+        render_processes=a.render_processes,
         access_log=a.access_log,
         http_server=a.http_server,
     )

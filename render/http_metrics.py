@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (
@@ -41,6 +41,19 @@ class RenderMetrics:
         self.prompt_tokens = Counter(
             "kvroute_render_prompt_tokens", "Prompt tokens rendered", ["model", "worker"],
             registry=self.registry,
+        )
+        # render/offload.py: the helper processes rendering big bodies.
+        self.helpers_ready = Gauge(
+            "kvroute_render_helpers_ready", "Render helper processes with their models loaded",
+            ["worker"], registry=self.registry,
+        )
+        self.helper_renders = Counter(
+            "kvroute_render_helper_renders", "Requests rendered in a helper process (errors too)",
+            ["worker"], registry=self.registry,
+        )
+        self.helper_restarts = Counter(
+            "kvroute_render_helper_restarts", "Helper pools respawned after a helper process died",
+            ["worker"], registry=self.registry,
         )
         # Labelled children by label values: ``labels()`` takes a lock and builds a key on each
         # call (~15 us here), three times per request. Both key sets are bounded (known routes,

@@ -7,8 +7,9 @@
     GET  /v1/models, /health, /ping, /metrics
 
 Bodies are decoded straight into msgspec Structs (bad input fails at decode time, see
-render/http_errors.py for how every error becomes OpenAI's error JSON). Renders of big bodies run on
-a small thread pool: tokenizers releases the GIL, so the loop keeps answering /health meanwhile.
+render/http_errors.py for how every error becomes OpenAI's error JSON). Small bodies render on the
+loop, bigger ones on a small thread pool, and bodies over --inline-max-bytes in a helper process
+(render/offload.py): a thread's tokenizer encode and JSON encoding hold the GIL for milliseconds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -34,17 +34,16 @@ from starlette.routing import Route
 
 from render import ModelRegistry, Renderer
 from render.asgi_server import bind_socket
-from render.errors import ModelNotFoundError, RenderError
 from render.http_config import ServerConfig, parse_args
 from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge
 from render.http_metrics import MetricsMiddleware, RenderMetrics
-from render.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    GenerateRequest,
-    TokenizeRequest,
-)
+
+# Re-exported: the router builds its in-process render state from these.
+from render.loading import Codecs as Codecs
+from render.loading import find_model
+from render.loading import load_models as load_models
+from render.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
+from render.protocol import GenerateRequest
 
 T = TypeVar("T")
 JSON = "application/json"
@@ -62,17 +61,6 @@ ROUTE_PATHS = (
 )
 
 
-class Codecs:
-    """One typed decoder per request type and one encoder, built once per app."""
-
-    def __init__(self) -> None:
-        self.chat = msgspec.json.Decoder(ChatCompletionRequest)
-        self.completion = msgspec.json.Decoder(CompletionRequest)
-        self.tokenize = msgspec.json.Decoder(TokenizeRequest)
-        self.detokenize = msgspec.json.Decoder(DetokenizeRequest)
-        self.encoder = msgspec.json.Encoder()
-
-
 class Models:
     """The loaded renderers, each with the lock that serialises its renders in this worker.
 
@@ -88,31 +76,7 @@ class Models:
         self.created = created
 
     def get(self, name: str | None) -> Renderer:
-        try:
-            return self.registry.get(name)
-        except ModelNotFoundError:
-            # vLLM's own wording (serve/engine/serving.py), so clients matching on it keep working.
-            raise RenderError(
-                404,
-                f"The model `{name}` does not exist. "
-                f"Valid aliases: {', '.join(self.registry.names())}.",
-                "NotFoundError",
-                "model",
-            ) from None
-
-
-def load_models(cfg: ServerConfig) -> ModelRegistry:
-    return ModelRegistry([
-        Renderer.load(
-            spec.model,
-            tokenizer=spec.tokenizer,
-            chat_template=str(spec.chat_template) if spec.chat_template else None,
-            served_model_name=spec.served_model_name,
-            max_model_len=spec.max_model_len,
-            allow_request_chat_template=cfg.allow_request_chat_template,
-        )
-        for spec in cfg.models
-    ])
+        return find_model(self.registry, name)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -190,9 +154,24 @@ def json_response(request: Request, obj: object) -> Response:
     return Response(request.state.codecs.encoder.encode(obj), media_type=JSON)
 
 
+async def offloaded(request: Request, path: str, body: bytes) -> Response | None:
+    """The answer of a render helper process for a big body (render/offload.py); None: none
+    answered, render it here."""
+    # The router serves these handlers too, rendering in process: its state has no helper.
+    helper: RenderHelper | None = getattr(request.state, "helper", None)
+    done = None if helper is None else await helper.render(path, body)
+    if done is None:
+        return None
+    if path in (CHAT, COMPLETIONS):
+        request.state.metrics.add_prompt_tokens(done.model, done.tokens)
+    return Response(done.payload, media_type=JSON)
+
+
 async def chat_render(request: Request) -> Response:
     st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    if (answer := await offloaded(request, CHAT, body)) is not None:
+        return answer
     req = st.codecs.chat.decode(body)
     renderer = st.models.get(req.model)
     out: GenerateRequest = await run_render(
@@ -205,6 +184,8 @@ async def chat_render(request: Request) -> Response:
 async def completion_render(request: Request) -> Response:
     st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    if (answer := await offloaded(request, COMPLETIONS, body)) is not None:
+        return answer
     req = st.codecs.completion.decode(body)
     renderer = st.models.get(req.model)
     outs: list[GenerateRequest] = await run_render(
@@ -217,6 +198,8 @@ async def completion_render(request: Request) -> Response:
 async def tokenize_endpoint(request: Request) -> Response:
     st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    if (answer := await offloaded(request, TOKENIZE, body)) is not None:
+        return answer
     req = st.codecs.tokenize.decode(body)
     renderer = st.models.get(req.model)
     out = await run_render(request, renderer, len(body), renderer.tokenize, req)
@@ -226,6 +209,8 @@ async def tokenize_endpoint(request: Request) -> Response:
 async def detokenize_endpoint(request: Request) -> Response:
     st = request.state
     body = await read_body(request, st.config.max_body_bytes)
+    if (answer := await offloaded(request, DETOKENIZE, body)) is not None:
+        return answer
     req = st.codecs.detokenize.decode(body)
     renderer = st.models.get(req.model)
     out = await run_render(request, renderer, len(body), renderer.detokenize, req)
@@ -258,19 +243,25 @@ async def metrics_endpoint(request: Request) -> Response:
 
 
 def create_app(cfg: ServerConfig, *, on_ready: Callable[[], None] | None = None) -> Starlette:
-    """The ASGI app; its lifespan loads the models and owns the render thread pool."""
+    """The ASGI app; its lifespan loads the models and owns the render thread pool and helper
+    processes."""
     metrics = RenderMetrics(ROUTE_PATHS)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         models = Models(await asyncio.to_thread(load_models, cfg), int(time.time()))
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
+        # Ready without waiting for the helpers' own model load: big bodies render on the
+        # thread pool until they are up.
+        helper = RenderHelper(cfg, metrics)
+        helper.start()
         if on_ready is not None:
             on_ready()
         try:
             yield {"config": cfg, "models": models, "pool": pool, "metrics": metrics,
-                   "codecs": Codecs()}
+                   "codecs": Codecs(), "helper": helper}
         finally:
+            await helper.close()
             pool.shutdown(wait=False, cancel_futures=True)
 
     routes = [
@@ -340,8 +331,9 @@ def serve(cfg: ServerConfig) -> int:
     stop = ctx.Event()
     # Workers inherit SIG_IGN for SIGINT so a Ctrl-C reaches only this supervisor, which stops them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    procs = [ctx.Process(target=_worker, args=(cfg, sock, stop), daemon=True)
-             for _ in range(cfg.workers)]
+    # Not daemonic: a daemonic process may not start children (its render helpers). The stop
+    # event, the joins below and the helpers' own parent watch leave no process behind.
+    procs = [ctx.Process(target=_worker, args=(cfg, sock, stop)) for _ in range(cfg.workers)]
     for p in procs:
         p.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
