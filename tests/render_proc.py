@@ -20,11 +20,21 @@ READY = re.compile(r"kvroute render: ready on (http://\S+)")
 @contextmanager
 def render_server(*args: str, timeout: float = 60.0, workers: int = 1) -> Iterator[str]:
     """Starts ``python -m render.server --port 0 ARGS``; yields its URL when all workers are up."""
+    with render_process(*args, timeout=timeout, workers=workers) as (url, _):
+        yield url
+
+
+@contextmanager
+def render_process(*args: str, timeout: float = 60.0, workers: int = 1,
+                   new_session: bool = False) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``render_server`` yielding the process too; ``new_session``: in its own process group (a
+    terminal's Ctrl-C reaches the whole group)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "render.server", "--port", "0", "--workers", str(workers), *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=new_session,
     )
     assert proc.stdout is not None
     output: list[str] = []
@@ -44,7 +54,7 @@ def render_server(*args: str, timeout: float = 60.0, workers: int = 1) -> Iterat
         threading.Thread(target=lambda: output.extend(
             b.decode(errors="replace") for b in iter(lambda: os.read(fd, 65536), b"")),
             daemon=True).start()
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:

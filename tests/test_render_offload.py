@@ -1,17 +1,44 @@
-"""Where a render runs: small or predicted-cheap bodies on the event loop, big ones on a thread."""
+"""Where a render runs: small or predicted-cheap bodies on the event loop, bigger ones on a
+thread, bodies over the inline cap in a helper process."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import pickle
+import random
+import signal
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+import httpx
+import msgspec
+import psutil
 import pytest
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 
+import render.errors
+from render.errors import (
+    BadRequestError,
+    ContextLengthError,
+    ModelNotFoundError,
+    RenderError,
+    TemplateUnavailableError,
+)
 from render.http_config import parse_args
+from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge, handler_for
+from render.http_metrics import RenderMetrics
+from render.loading import Codecs
+from render.offload import RenderHelper, Unsendable
+from render.protocol import ChatCompletionRequest
 from render.server import Models, RenderCost, load_models, render_in
+from tests.render_proc import render_process, render_server
 
 
 def test_cost_rises_at_once_and_falls_slowly() -> None:
@@ -69,3 +96,255 @@ def test_predicted_cheap_renders_inline_only_below_the_size_cap(models: Models) 
     assert _where(models, 60_000, inline_max_bytes=50_000) == "thread"
     cost.per_byte = 1e-12
     assert _where(models, 60_000, inline_budget_ms=0.0) == "thread"
+
+
+# --- bodies over the inline cap render in a helper process (render/offload.py) ---------------
+
+QWEN = "Qwen/Qwen3-0.6B"
+CHAT = "/v1/chat/completions/render"
+
+
+def _text(words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(3))
+             for _ in range(3000)]
+    return " ".join(rng.choice(vocab) for _ in range(words))
+
+
+BIG = _text(10_500, 1)  # ~73 KB: over the 64 KiB cap once in a body
+
+
+def _error_instances() -> list[Exception]:
+    bad_json = msgspec.json.Decoder(ChatCompletionRequest)
+    found: list[Exception] = []
+    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": "wizard"}]}'):
+        try:
+            bad_json.decode(raw)
+        except msgspec.DecodeError as e:
+            found.append(e)
+    return [
+        *found,
+        RenderError(418, "teapot", "Teapot", "x"),
+        BadRequestError("bad field", "n"),
+        ContextLengthError("too long", "messages"),
+        TemplateUnavailableError("no template"),
+        ModelNotFoundError("nope"),
+        BodyTooLarge(100),
+        HTTPException(405, headers={"Allow": "POST"}),
+        Unsendable("TypeError: x"),
+    ]
+
+
+async def _answer(exc: Exception) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    _, handler = handler_for(EXCEPTION_HANDLERS, exc)
+    assert handler is not None
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [], "query_string": b""}
+    response = await handler(Request(scope), exc)
+    return response.status_code, bytes(response.body), response.raw_headers
+
+
+async def test_every_error_a_helper_can_raise_comes_back_whole() -> None:
+    """A helper's exception crosses a pickle: the same type, fields and HTTP answer come back (an
+    exception that failed to unpickle would break the helper pool)."""
+    instances = _error_instances()
+    assert {type(e) for e in instances} >= {
+        cls for cls in vars(render.errors).values()
+        if isinstance(cls, type) and issubclass(cls, Exception)
+    }  # a new error class in render/errors.py must be added here
+    assert {msgspec.ValidationError, msgspec.DecodeError} <= {type(e) for e in instances}
+    for exc in instances:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc)
+        assert (back.args, vars(back), str(back)) == (exc.args, vars(exc), str(exc))
+        assert await _answer(back) == await _answer(exc)
+
+
+def _metrics(client: httpx.Client) -> dict[str, float]:
+    """This worker's samples by metric name (one worker: the labels are all the same)."""
+    out: dict[str, float] = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("kvroute_render_helper"):
+            name = line.split("{", 1)[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _wait_ready(client: httpx.Client, timeout: float = 120.0) -> dict[str, float]:
+    """Polls /metrics until the helper has loaded its models (no sleeps: each poll is a request)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = _metrics(client)
+        if m.get("kvroute_render_helpers_ready") == 1:
+            return m
+    raise TimeoutError(f"render helper not ready after {timeout} s: {m}")
+
+
+def _helper_pids(server_pid: int) -> list[int]:
+    """The spawned helper processes of a serving process (not the resource tracker)."""
+    return [c.pid for c in psutil.Process(server_pid).children()
+            if "spawn_main" in " ".join(c.cmdline())]
+
+
+@pytest.fixture(scope="module")
+def helper_server() -> Iterator[tuple[httpx.Client, int]]:
+    with render_process("--allow-request-chat-template") as (url, proc), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        _wait_ready(client)
+        yield client, proc.pid
+
+
+@pytest.fixture(scope="module")
+def thread_server() -> Iterator[httpx.Client]:
+    """The same service rendering big bodies in process (today's thread path)."""
+    with render_server("--allow-request-chat-template", "--render-processes", "0") as url, \
+            httpx.Client(base_url=url, timeout=60) as client:
+        yield client
+
+
+def _post(client: httpx.Client, path: str, body: object, chunked: bool = False) -> httpx.Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    content: bytes | Iterator[bytes] = iter([raw[:100], raw[100:]]) if chunked else raw
+    return client.post(path, content=content, headers={"content-type": "application/json"})
+
+
+_IDS = [(i * 7919) % 150_000 for i in range(12_000)]
+BIG_BODIES: list[tuple[str, object]] = [
+    (CHAT, {"messages": [{"role": "system", "content": "Summarise."},
+                         {"role": "user", "content": BIG}], "request_id": "big", "stop": ["x"]}),
+    ("/v1/completions/render", {"prompt": [BIG, BIG[:40_000]], "request_id": "big",
+                                "return_token_offsets": True}),
+    ("/tokenize", {"prompt": BIG, "return_token_strs": True}),
+    ("/tokenize", {"messages": [{"role": "user", "content": BIG}]}),
+    ("/detokenize", {"tokens": _IDS}),
+]
+BAD_BIG_BODIES: list[tuple[str, object]] = [
+    (CHAT, json.dumps({"messages": [{"role": "user", "content": BIG}]}).encode()[:-3]),  # JSON
+    (CHAT, {"messages": [{"role": "user", "content": BIG}], "temperature": "hot"}),  # type
+    (CHAT, {"messages": [{"role": "user", "content": BIG}], "model": "nope"}),  # unknown model
+    (CHAT, {"messages": [{"role": "user", "content": BIG}], "max_tokens": 40_000}),  # too long
+    (CHAT, {"messages": [{"role": "user", "content": BIG}], "top_p": 7}),  # a render check
+    (CHAT, {"messages": [{"role": "user", "content": BIG}],  # the template's raise_exception
+            "chat_template": "{{ raise_exception('no ' ~ messages[0].content[:9]) }}"}),
+    ("/v1/completions/render", {"prompt": [BIG, [1, 10**9]]}),  # token out of vocabulary
+    ("/tokenize", {"messages": [{"role": "user", "content": BIG}],
+                   "continue_final_message": True}),  # with add_generation_prompt
+    ("/detokenize", {"tokens": [*_IDS, 10**9]}),
+]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["fast-route", "starlette"])
+def test_big_bodies_render_in_the_helper_byte_identical(
+        helper_server: tuple[httpx.Client, int], thread_server: httpx.Client,
+        chunked: bool) -> None:
+    """Sized bodies take the raw ASGI route, chunked ones the Starlette handlers: in both the
+    helper answers every big body, with the in-process JSON byte for byte."""
+    helper, _ = helper_server
+    before = _wait_ready(helper)
+    for path, body in BIG_BODIES:
+        raw = json.dumps(body).encode()
+        assert len(raw) > 65536, path
+        mine, theirs = _post(helper, path, raw, chunked), _post(thread_server, path, raw, chunked)
+        assert mine.status_code == theirs.status_code == 200, (path, mine.text[:300])
+        assert mine.headers["content-type"] == theirs.headers["content-type"]
+        assert mine.content == theirs.content, path
+    after = _metrics(helper)
+    renders = "kvroute_render_helper_renders_total"
+    assert after[renders] == before[renders] + len(BIG_BODIES)
+    assert _metrics(thread_server)[renders] == 0  # --render-processes 0: no helper at all
+    assert _metrics(thread_server)["kvroute_render_helpers_ready"] == 0
+
+
+def test_big_body_errors_from_the_helper_match_in_process_byte_for_byte(
+        helper_server: tuple[httpx.Client, int], thread_server: httpx.Client) -> None:
+    helper, _ = helper_server
+    before = _wait_ready(helper)
+    for path, body in BAD_BIG_BODIES:
+        mine, theirs = _post(helper, path, body), _post(thread_server, path, body)
+        assert 400 <= mine.status_code < 500, (path, mine.text[:300])
+        assert (mine.status_code, mine.content) == (theirs.status_code, theirs.content)
+        assert mine.headers["content-type"] == theirs.headers["content-type"]
+    after = _metrics(helper)
+    renders = "kvroute_render_helper_renders_total"
+    assert after[renders] == before[renders] + len(BAD_BIG_BODIES)
+    assert after["kvroute_render_helper_restarts_total"] == before[
+        "kvroute_render_helper_restarts_total"]  # no error broke the pool
+
+
+def test_a_killed_helper_costs_no_request_and_is_respawned(
+        helper_server: tuple[httpx.Client, int], thread_server: httpx.Client) -> None:
+    helper, server_pid = helper_server
+    before = _wait_ready(helper)
+    [pid] = _helper_pids(server_pid)
+    path, body = BIG_BODIES[0]
+    os.kill(pid, signal.SIGKILL)
+    # Answered in process: the pool is broken (or already known dead and being respawned).
+    r = _post(helper, path, body)
+    assert r.status_code == 200, r.text[:300]
+    assert r.content == _post(thread_server, path, body).content
+    after = _wait_ready(helper)
+    assert after["kvroute_render_helper_restarts_total"] == before[
+        "kvroute_render_helper_restarts_total"] + 1
+    assert after["kvroute_render_helper_renders_total"] == before[
+        "kvroute_render_helper_renders_total"]  # that request did not render in a helper
+    [respawned] = _helper_pids(server_pid)
+    assert respawned != pid
+    assert _post(helper, path, body).content == r.content
+    assert _metrics(helper)["kvroute_render_helper_renders_total"] == before[
+        "kvroute_render_helper_renders_total"] + 1
+
+
+async def test_a_helper_dying_mid_render_hands_the_request_back(models: Models) -> None:
+    """In process, deterministically: the render is in the pool when its helper dies."""
+    cfg = replace(parse_args([]), render_processes=1)
+    helper = RenderHelper(cfg, RenderMetrics([]))
+    helper.start()
+    try:
+        await asyncio.wait_for(helper.wait_ready(), 120)
+        [pid] = helper.pids
+        body = json.dumps({"messages": [{"role": "user", "content": BIG}],
+                           "request_id": "r"}).encode()
+        render = asyncio.create_task(helper.render(CHAT, body))
+        await asyncio.sleep(0)  # one step: the task has submitted the render (not a timing sleep)
+        assert helper.pool is not None
+        os.kill(pid, signal.SIGKILL)
+        assert await asyncio.wait_for(render, 60) is None  # the caller renders it in process
+        await asyncio.wait_for(helper.wait_ready(), 120)
+        assert helper.pids != (pid,)
+        done = await asyncio.wait_for(helper.render(CHAT, body), 60)
+        assert done is not None
+        renderer = models.get(None)
+        out = renderer.render_chat(msgspec.json.decode(body, type=ChatCompletionRequest))
+        assert done == (Codecs().encoder.encode(out), len(out.token_ids), QWEN)
+        # Small bodies are never sent.
+        assert await helper.render(CHAT, b'{"messages": []}') is None
+        respawned = helper.pids
+    finally:
+        await helper.close()
+    assert helper.pids == () and helper.pool is None
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in respawned)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_two_workers_render_in_helpers_and_stop_with_no_orphan(sig: str) -> None:
+    """`--workers 2`: each worker (not daemonic) has its helper; SIGTERM to the supervisor, or a
+    terminal's Ctrl-C (SIGINT to the whole process group), stops every process."""
+    with render_process("--workers", "2", workers=2, new_session=True) as (url, proc), \
+            httpx.Client(base_url=url, timeout=60) as client:
+        # One keep-alive connection: one worker answers all of these.
+        before = _wait_ready(client)
+        path, body = BIG_BODIES[0]
+        assert _post(client, path, body).status_code == 200
+        assert _metrics(client)["kvroute_render_helper_renders_total"] == before[
+            "kvroute_render_helper_renders_total"] + 1
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        workers = psutil.Process(proc.pid).children()
+        assert len([p for p in workers if "spawn_main" in " ".join(p.cmdline())]) == 2
+        assert any(_helper_pids(w.pid) for w in workers)
+        if sig == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        assert alive == []

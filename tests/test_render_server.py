@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import re
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -316,19 +316,37 @@ async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     return status, body
 
 
+async def _helper_metric(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         name: str) -> float:
+    status, text = await asyncio.wait_for(
+        _roundtrip(reader, writer, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"), 5)
+    assert status == 200
+    m = re.search(rb"^" + name.encode() + rb"\{[^}]*\} (\S+)$", text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
 async def test_health_stays_fast_while_a_100k_token_chat_renders(url: str) -> None:
+    """The issue's acceptance: /health under 5 ms p99 while a 100k-token chat renders (in the
+    render helper process: render/offload.py). The chats are sent by another process
+    (tests/chat_sender.py): this one only probes, so its own I/O is not in the probes."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    rng = random.Random(7)
-    vocab = ["".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(3))
-             for _ in range(3000)]
-    text = " ".join(rng.choice(vocab) for _ in range(40000))
-    body = json.dumps({"model": LONG, "messages": [
-        {"role": "system", "content": "Summarise."}, {"role": "user", "content": text}]}).encode()
-    big = (f"POST /v1/chat/completions/render HTTP/1.1\r\nHost: x\r\n"
-           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-    br, bw = await asyncio.open_connection(host, int(port))
     hr, hw = await asyncio.open_connection(host, int(port))
+    # Until the helper has loaded its models big bodies render on a thread: wait for it (each
+    # poll is a request, no sleeps).
+    deadline = time.monotonic() + 180
+    while await _helper_metric(hr, hw, "kvroute_render_helpers_ready") != 1:
+        assert time.monotonic() < deadline, "the render helper did not get ready"
+    helper_renders = await _helper_metric(hr, hw, "kvroute_render_helper_renders_total")
+    sender = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.chat_sender", host, port, LONG, "7", cwd=ROOT,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert sender.stdin is not None and sender.stdout is not None
+
+    async def line() -> str:
+        assert sender.stdout is not None
+        return (await asyncio.wait_for(sender.stdout.readline(), 60)).decode().strip()
 
     async def probe() -> float:
         t0 = time.perf_counter()
@@ -336,37 +354,50 @@ async def test_health_stays_fast_while_a_100k_token_chat_renders(url: str) -> No
         assert status == 200
         return time.perf_counter() - t0
 
-    # The same probe with nothing rendering: on a quiet machine ~0.3 ms; a shared, overloaded
-    # machine's own scheduling noise must not be blamed on the server.
-    idle = sorted([await probe() for _ in range(300)])
-    idle_p99 = idle[int(0.99 * len(idle))]
-    busy: list[float] = []
-    t_start = time.perf_counter()
-    # Renders back to back until the probes have a sample worth a p99 (a busy machine probes
-    # slowly, a quiet one renders fast); every render must come back whole.
-    for _ in range(5):
-        render = asyncio.create_task(_roundtrip(br, bw, big + body))
-        while not render.done():
-            busy.append(await probe())
-        status, out = await render
-        assert status == 200, out[:500]
-        if len(busy) >= 50:
-            break
-    render_s = time.perf_counter() - t_start
-    bw.close()
-    hw.close()
-    n_tokens = len(json.loads(out)["token_ids"])
+    try:
+        idle: list[float] = []
+        busy: list[float] = []
+        n_renders, n_tokens, render_s = 0, 10**9, 0.0
+        # A fresh chat each time (none served from the segment cache), until the probes make a
+        # sample worth a p99 (300: not the single worst probe); every render must come back whole.
+        while n_renders < 30 and (n_renders == 0 or len(busy) < 300):
+            assert await line() == "ready"
+            # The same probe with nothing rendering, between the renders: on a quiet machine
+            # ~0.3 ms; a shared machine's own scheduling noise must not be blamed on the server.
+            idle += [await probe() for _ in range(30)]
+            t_start = time.perf_counter()
+            sender.stdin.write(b"go\n")
+            done = asyncio.create_task(line())
+            while not done.done():
+                busy.append(await probe())
+            render_s += time.perf_counter() - t_start
+            assert await done == "done 200"
+            word, tokens = (await line()).split()
+            assert word == "tokens"
+            n_renders += 1
+            n_tokens = min(n_tokens, int(tokens))
+        renders = await _helper_metric(hr, hw, "kvroute_render_helper_renders_total")
+    finally:
+        sender.stdin.close()
+        await asyncio.wait_for(sender.wait(), 30)
+        hw.close()
     assert n_tokens >= 100_000
+    idle.sort()
+    idle_p99 = idle[int(0.99 * len(idle))]
     busy.sort()
     p99 = busy[int(0.99 * len(busy))]
-    print(f"\n100k render: {n_tokens} tokens in {render_s * 1e3:.0f} ms; /health during it: "
-          f"n={len(busy)} p50 {busy[len(busy) // 2] * 1e3:.2f} ms p99 {p99 * 1e3:.2f} ms "
-          f"max {busy[-1] * 1e3:.2f} ms; idle p99 {idle_p99 * 1e3:.2f} ms")
-    assert len(busy) >= 20, "the renders finished too fast to measure anything"
-    # A loop blocked by the render would show latencies of the render itself (80+ ms here). The
-    # issue's 5 ms p99 is reported above, not asserted: decoding the 400 KB body and encoding
-    # 100k ids still run on the loop, and a shared 2-core box adds its own spikes.
-    assert p99 < max(0.02, 4 * idle_p99)
+    print(f"\n100k render: {n_renders} x {n_tokens}+ tokens in {render_s * 1e3:.0f} ms; /health "
+          f"during them: n={len(busy)} p50 {busy[len(busy) // 2] * 1e3:.2f} ms "
+          f"p99 {p99 * 1e3:.2f} ms max {busy[-1] * 1e3:.2f} ms; idle p99 {idle_p99 * 1e3:.2f} ms; "
+          f"{renders - helper_renders:.0f} rendered in the helper")
+    assert len(busy) >= 100, "the renders finished too fast to measure anything"
+    assert renders - helper_renders == n_renders  # all in the helper, none on the thread path
+    # The issue's 5 ms. Only a machine whose idle /health is itself slow (a shared, overloaded
+    # box: idle p99 over 1.25 ms) gets a proportional allowance. What is left of a 100k chat on
+    # the loop is the HTTP server reading its 400 KB and writing 700 KB (Hypercorn: a probe that
+    # arrives with the body waits ~2 ms, as for the same body POSTed to /ping; docs/benchmarks.md,
+    # render helper process); a loop blocked by the render would show the render's 15-30 ms.
+    assert p99 < max(0.005, 4 * idle_p99)
 
 
 # --- fuzzing: no input gives a 5xx ----------------------------------------------------------
