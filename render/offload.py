@@ -43,7 +43,6 @@ DETOKENIZE = "/detokenize"
 # startup_timeout), before the warm-up gives up waiting for its siblings.
 WARM_UP_TIMEOUT = 900.0
 MAX_RETRY_DELAY = 60.0
-HELPER_NICE = 10
 
 
 class Rendered(NamedTuple):
@@ -120,10 +119,6 @@ def _init_helper(cfg: ServerConfig, barrier: Any) -> None:
     # serving process's core on a small machine, and on a 2-core one it is slower than a single
     # thread anyway (100k tokens: 2.0 ms wall and 3.1 ms CPU pooled, 1.5 ms single).
     os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
-    # A big render is batch work, the serving loop's /health and small renders are not: when
-    # both want a core the loop should get it first (100k chat: /health p99 over 8 runs each,
-    # median 3.1 ms at nice 0, 2.2 ms at 10; docs/benchmarks.md).
-    os.nice(HELPER_NICE)
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     _helper = _Helper(cfg, barrier)
 
