@@ -54,9 +54,14 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield u
 
 
+# Servers that never get a body over --inline-max-bytes run without a render helper process: its
+# model load would only be CI time (helpers: tests/test_render_offload.py).
+NO_HELPER = ("--render-processes", "0")
+
+
 @pytest.fixture(scope="module")
 def open_url() -> Iterator[str]:
-    with render_server("--allow-request-chat-template") as u:
+    with render_server("--allow-request-chat-template", *NO_HELPER) as u:
         yield u
 
 
@@ -281,14 +286,14 @@ def test_uvicorn_serves_the_same_answers(url: str) -> None:
     """``--http-server uvicorn`` answers as the default (Hypercorn, the issue's server) does."""
     path = "/v1/chat/completions/render"
     body = {"messages": HI, "request_id": "same"}
-    with render_server("--http-server", "uvicorn") as hyper:
+    with render_server("--http-server", "uvicorn", *NO_HELPER) as hyper:
         assert post(hyper, path, body).json() == post(url, path, body).json()
         err = assert_openai_error(post(hyper, path, {"model": "nope", "messages": HI}), 404)
         assert (err["type"], err["param"]) == ("NotFoundError", "model")
 
 
 def test_two_workers_share_the_port() -> None:
-    with render_server("--workers", "2", workers=2) as u:
+    with render_server("--workers", "2", *NO_HELPER, workers=2) as u:
         pids: set[str] = set()
         # Each fresh connection is accepted by whichever worker is free; /metrics names it.
         for _ in range(200):

@@ -19,7 +19,7 @@ def test_remote_render_gives_the_same_answers() -> None:
         "messages": [{"role": "system", "content": "Be brief."},
                      {"role": "user", "content": "Remote or local?"}]}
     answers = []
-    with render_server() as url:
+    with render_server("--render-processes", "0") as url:  # small bodies only: no helper
         for render_url in (None, url):
             opts = ClusterOptions(engines=1, render_url=render_url)
             with LocalCluster(opts) as c:
