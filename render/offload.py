@@ -7,9 +7,9 @@ Renderer code and encoder as the serving process, so its JSON is the in-process 
 An error it raises comes back as the same exception (render/errors.py pickles whole) and is
 answered by the same handler (render/http_errors.py).
 
-Today's thread path stays the fallback, so no request waits for a model load or is lost: until the
-helpers have loaded their models, while they are respawned after one died (the request in flight
-renders again in process), and for an error the helper could not send back.
+The render thread (``--render-processes 0``: always) stays the fallback, so no request waits for a
+model load or is lost: until the helpers have loaded their models, while they are respawned after
+one died (the requests it held render again in process), and for an error it could not send back.
 """
 
 from __future__ import annotations

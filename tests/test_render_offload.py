@@ -348,3 +348,15 @@ def test_two_workers_render_in_helpers_and_stop_with_no_orphan(sig: str) -> None
         assert proc.wait(60) == 0
         _, alive = psutil.wait_procs(tree, timeout=30)
         assert alive == []
+
+
+def test_a_killed_worker_leaves_no_helper_behind() -> None:
+    """SIGKILL gives the worker no shutdown: its helper notices on its own and exits."""
+    with render_process() as (url, proc), httpx.Client(base_url=url, timeout=60) as client:
+        _wait_ready(client)
+        helpers = [psutil.Process(pid) for pid in _helper_pids(proc.pid)]
+        assert len(helpers) == 1
+        proc.kill()
+        proc.wait(10)
+        _, alive = psutil.wait_procs(helpers, timeout=30)
+        assert alive == []
