@@ -93,7 +93,7 @@ def test_probes_hit_real_routes() -> None:
     render_c = container(objs, "Deployment", "rel-kvroute-render")
     assert render_c["livenessProbe"]["httpGet"]["path"] == "/health"
     cfg = parse_render_args(render_c["args"][2:])
-    assert cfg.port == 8100 and cfg.workers == 2
+    assert cfg.port == 8100 and cfg.workers == 2 and cfg.render_processes == 1
     # The router drains within the pod's grace period.
     grace = objs[("Deployment", "rel-kvroute-router")]["spec"]["template"]["spec"][
         "terminationGracePeriodSeconds"]
