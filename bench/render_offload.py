@@ -5,11 +5,13 @@
 The procedure of tests/test_render_server.py::test_health_stays_fast_while_a_100k_token_chat_renders
 on each server kind, rounds interleaved: fresh ~400 KB chats (102k tokens each, none from the
 segment cache) sent one after another by another process (tests/chat_sender.py) while this one
-probes /health back to back on its own keep-alive connection; between renders, 30 probes with
-nothing rendering (idle). Kinds: helper (`kvroute render`, default: --render-processes 1), thread
-(--render-processes 0), ping (the helper server, the same bodies POSTed to /ping: the HTTP server
-reading 400 KB with no render at all, the floor under the others), and uvicorn (helper on
---http-server uvicorn). Per kind: medians over the rounds of each round's p50 / p99 / max.
+probes /health back to back on its own keep-alive connection; between renders, the same probes
+while the sender builds its next chat (control: another process busy on a core, nothing
+rendering) and 30 with nothing running (idle). Kinds: helper (`kvroute render`, default:
+--render-processes 1), thread (--render-processes 0), ping (the helper server, the same bodies
+POSTed to /ping: the HTTP server reading 400 KB with no render at all, the floor under the
+others), and uvicorn (helper on --http-server uvicorn). Per kind: medians over the rounds of each
+round's p50 / p99 / max.
 """
 
 from __future__ import annotations
@@ -76,32 +78,40 @@ async def measure(url: str, kind: str, probes: int) -> dict[str, float]:
         await roundtrip(reader, writer, HEALTH)
         return time.perf_counter() - t0
 
+    async def probe_until(text: bytes) -> list[float]:
+        assert sender.stdout is not None
+        probes = []
+        arrived = asyncio.create_task(sender.stdout.readline())
+        while not arrived.done():
+            probes.append(await probe())
+        line = (await arrived).strip()
+        assert line == text, (kind, line)
+        return probes
+
     idle: list[float] = []
+    control: list[float] = []
     busy: list[float] = []
     renders = 0
     render_s = 0.0
     while renders < 60 and len(busy) < probes:
-        assert (await sender.stdout.readline()).strip() == b"ready"
+        assert (await sender.stdout.readline()).strip() == b"building"
+        control += await probe_until(b"ready")  # the sender busy on a core, no render
         idle += [await probe() for _ in range(30)]
         t0 = time.perf_counter()
         sender.stdin.write(b"go\n")
-        done = asyncio.create_task(sender.stdout.readline())
-        while not done.done():
-            busy.append(await probe())
+        busy += await probe_until(b"done 200")
         render_s += time.perf_counter() - t0
-        line = (await done).strip()
-        assert line == b"done 200", (kind, line)
         await sender.stdout.readline()  # tokens N
         renders += 1
     sender.stdin.close()
     await sender.wait()
     writer.close()
     busy.sort()
-    idle.sort()
     return {
         "renders": renders, "ms/render": render_s / renders * 1e3, "n": len(busy),
         "p50": busy[len(busy) // 2] * 1e3, "p99": busy[int(0.99 * len(busy))] * 1e3,
-        "max": busy[-1] * 1e3, "idle p99": idle[int(0.99 * len(idle))] * 1e3,
+        "max": busy[-1] * 1e3, "idle p99": sorted(idle)[int(0.99 * len(idle))] * 1e3,
+        "control p99": sorted(control)[int(0.99 * len(control))] * 1e3,
     }
 
 
@@ -125,7 +135,7 @@ def main() -> None:
                 print(f"round {r} {kind:8s} " + " ".join(
                     f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                     for k, v in row.items()), flush=True)
-    cols = ["ms/render", "n", "p50", "p99", "max", "idle p99"]
+    cols = ["ms/render", "n", "p50", "p99", "max", "idle p99", "control p99"]
     print(f"\nmedians over {a.rounds} rounds (ms)\n")
     print("| server | " + " | ".join(cols) + " |")
     print("|---|" + "---|" * len(cols))

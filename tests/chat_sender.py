@@ -2,7 +2,8 @@
 
 The /health latency test probes from its own event loop; sending 400 KB and reading 700 KB in that
 same process (its loop, or a thread contending for its GIL) would put the client's own stalls into
-the probes. Protocol on stdout: "ready" once the next chat is built, then after each "go" line on
+the probes. Protocol on stdout: "building" while it builds the next chat (~50 ms of one core: a
+control, some other process busy on a core), "ready" once built, then after each "go" line on
 stdin "done STATUS" as soon as the answer is in, then "tokens N" (the rendered prompt's length, 0
 on an error or an empty answer: parsing 700 KB of JSON is CPU this process spends after the
 probed window). PATH (default the chat render) lets a benchmark POST the same bodies elsewhere.
@@ -57,7 +58,8 @@ def main(host: str, port: int, model: str, seed: int, path: str = CHAT) -> None:
              for _ in range(3000)]
     sock = socket.create_connection((host, port))
     while True:
-        request = chat_request(rng, vocab, model, path)  # built before "ready", not probed
+        print("building", flush=True)
+        request = chat_request(rng, vocab, model, path)
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             sock.close()

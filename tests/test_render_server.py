@@ -359,24 +359,32 @@ async def test_health_stays_fast_while_a_100k_token_chat_renders(url: str) -> No
         assert status == 200
         return time.perf_counter() - t0
 
+    async def probe_until(text: str) -> list[float]:
+        probes = []
+        arrived = asyncio.create_task(line())
+        while not arrived.done():
+            probes.append(await probe())
+        assert await arrived == text
+        return probes
+
     try:
         idle: list[float] = []
+        control: list[float] = []
         busy: list[float] = []
         n_renders, n_tokens, render_s = 0, 10**9, 0.0
         # A fresh chat each time (none served from the segment cache), until the probes make a
         # sample worth a p99 (300: not the single worst probe); every render must come back whole.
+        # Between renders, the same probes with nothing rendering: while the sender builds the
+        # next chat (another process busy on a core: control) and then idle. On a quiet machine
+        # both are ~0.3-1 ms; a shared machine's own scheduling noise is not the server's.
         while n_renders < 30 and (n_renders == 0 or len(busy) < 300):
-            assert await line() == "ready"
-            # The same probe with nothing rendering, between the renders: on a quiet machine
-            # ~0.3 ms; a shared machine's own scheduling noise must not be blamed on the server.
+            assert await line() == "building"
+            control += await probe_until("ready")
             idle += [await probe() for _ in range(30)]
             t_start = time.perf_counter()
             sender.stdin.write(b"go\n")
-            done = asyncio.create_task(line())
-            while not done.done():
-                busy.append(await probe())
+            busy += await probe_until("done 200")
             render_s += time.perf_counter() - t_start
-            assert await done == "done 200"
             word, tokens = (await line()).split()
             assert word == "tokens"
             n_renders += 1
@@ -387,22 +395,22 @@ async def test_health_stays_fast_while_a_100k_token_chat_renders(url: str) -> No
         await asyncio.wait_for(sender.wait(), 30)
         hw.close()
     assert n_tokens >= 100_000
-    idle.sort()
-    idle_p99 = idle[int(0.99 * len(idle))]
+    idle_p99, control_p99, p99 = (sorted(x)[int(0.99 * len(x))] for x in (idle, control, busy))
     busy.sort()
-    p99 = busy[int(0.99 * len(busy))]
     print(f"\n100k render: {n_renders} x {n_tokens}+ tokens in {render_s * 1e3:.0f} ms; /health "
           f"during them: n={len(busy)} p50 {busy[len(busy) // 2] * 1e3:.2f} ms "
-          f"p99 {p99 * 1e3:.2f} ms max {busy[-1] * 1e3:.2f} ms; idle p99 {idle_p99 * 1e3:.2f} ms; "
+          f"p99 {p99 * 1e3:.2f} ms max {busy[-1] * 1e3:.2f} ms; idle p99 {idle_p99 * 1e3:.2f} ms, "
+          f"control p99 {control_p99 * 1e3:.2f} ms (n={len(control)}); "
           f"{renders - helper_renders:.0f} rendered in the helper")
     assert len(busy) >= 100, "the renders finished too fast to measure anything"
     assert renders - helper_renders == n_renders  # all in the helper, none on the thread path
-    # The 5 ms. Only a machine whose idle /health is itself slow (a shared, overloaded
-    # box: idle p99 over 1.25 ms) gets a proportional allowance. What is left of a 100k chat on
-    # the loop is the HTTP server reading its 400 KB and writing 700 KB (Hypercorn: a probe that
-    # arrives with the body waits ~2 ms, as for the same body POSTed to /ping; docs/benchmarks.md,
-    # render helper process); a loop blocked by the render would show the render's 15-30 ms.
-    assert p99 < max(0.005, 4 * idle_p99)
+    # The 5 ms. Only a machine on which the same probes are slow anyway while another
+    # process keeps a core busy (the control: a shared, loaded box; calm, it is ~1-2 ms) gets a
+    # proportional allowance. What is left of a 100k chat on the loop is the HTTP server reading
+    # its 400 KB and writing 700 KB (Hypercorn: a probe arriving with the body waits ~2 ms, as for
+    # the same body POSTed to /ping; docs/benchmarks.md, render helper process); a loop blocked by
+    # the render would show the render's 15-30 ms.
+    assert p99 < max(0.005, 2 * control_p99)
 
 
 # --- fuzzing: no input gives a 5xx ----------------------------------------------------------
