@@ -37,11 +37,7 @@ from render.asgi_server import bind_socket
 from render.http_config import ServerConfig, parse_args
 from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge
 from render.http_metrics import MetricsMiddleware, RenderMetrics
-
-# Re-exported: the router builds its in-process render state from these.
-from render.loading import Codecs as Codecs
-from render.loading import find_model
-from render.loading import load_models as load_models
+from render.loading import Codecs, find_model, load_models
 from render.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
 from render.protocol import GenerateRequest
 

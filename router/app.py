@@ -34,6 +34,7 @@ from render import server as render_server
 from render.http_config import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, ModelSpec, ServerConfig
 from render.http_errors import EXCEPTION_HANDLERS, error_response
 from render.http_metrics import RenderMetrics
+from render.loading import Codecs, load_models
 from render.protocol import GenerateRequest
 from router import handlers
 from router.admission import Admission, Overloaded
@@ -226,7 +227,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
         models = render_server.Models(
-            await asyncio.to_thread(render_server.load_models, rcfg), int(time.time()))
+            await asyncio.to_thread(load_models, rcfg), int(time.time()))
         pool = ThreadPoolExecutor(rcfg.render_threads, thread_name_prefix="render")
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
@@ -248,7 +249,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         state = {
             "config": rcfg, "router_config": cfg, "models": models, "pool": pool,
             "metrics": RenderMetrics(render_server.ROUTE_PATHS),
-            "codecs": render_server.Codecs(),
+            "codecs": Codecs(),
             "router_metrics": metrics, "remote": remote, "client": client, "kv": kv,
             "index": index, "dispatcher": dispatcher, "lifecycle": lifecycle,
             "fleet": fleet, "active": {}, "decoders": decoders,

@@ -34,10 +34,10 @@ from render.errors import (
 from render.http_config import parse_args
 from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge, handler_for
 from render.http_metrics import RenderMetrics
-from render.loading import Codecs
+from render.loading import Codecs, load_models
 from render.offload import RenderHelper, Unsendable
 from render.protocol import ChatCompletionRequest
-from render.server import Models, RenderCost, load_models, render_in
+from render.server import Models, RenderCost, render_in
 from tests.render_proc import render_process, render_server
 
 
