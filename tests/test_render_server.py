@@ -410,7 +410,10 @@ async def test_health_stays_fast_while_a_100k_token_chat_renders(url: str) -> No
     # the loop is the HTTP server reading its 400 KB and writing 700 KB (Hypercorn: a probe
     # arriving with the body waits ~2 ms, as for the same body POSTed to /ping; docs/benchmarks.md,
     # render helper process); a loop blocked by the render would show the render's 15-30 ms.
-    assert p99 < max(0.005, 2 * control_p99)
+    # Not the 5 ms: on Hypercorn a calm fresh-clone CI run measured p99 5.11 ms (control
+    # 1.68 ms), the body parse being what is left (the point stays open). 8 ms still
+    # fails a loop blocked by the render (15-30 ms).
+    assert p99 < max(0.008, 2 * control_p99)
 
 
 # --- fuzzing: no input gives a 5xx ----------------------------------------------------------
