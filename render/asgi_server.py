@@ -1,4 +1,4 @@
-"""Serve an ASGI app on a bound socket: Hypercorn (h11; the default) or uvicorn (httptools).
+"""Serve an ASGI app on a bound socket: Hypercorn (h11; the default, tuned) or uvicorn (httptools).
 
 Both services (render, router) serve through this one function, so the HTTP server is a setting,
 not a fork in the code. Hypercorn is the default the issues specify. uvicorn with httptools (llhttp,
@@ -22,7 +22,7 @@ from typing import Any
 
 log = logging.getLogger("kvroute.http")
 
-SERVERS = ("hypercorn", "uvicorn")
+SERVERS = ("hypercorn", "hypercorn-stock", "uvicorn")
 DEFAULT_SERVER = "hypercorn"
 
 Shutdown = Callable[[], Awaitable[object]]
@@ -65,15 +65,20 @@ async def serve_asgi(app: Any, sock: socket.socket, opts: ServeOptions,
     if opts.server == "uvicorn":
         await _uvicorn(app, sock, opts, shutdown)
     else:
-        await _hypercorn(app, sock, opts, shutdown)
+        await _hypercorn(app, sock, opts, shutdown, tuned=opts.server == "hypercorn")
 
 
 async def _hypercorn(app: Any, sock: socket.socket, opts: ServeOptions,
-                     shutdown: Shutdown | None) -> None:
+                     shutdown: Shutdown | None, tuned: bool) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    hc = Config()
+    from render import hypercorn_tuning
+
+    # Tuned (the default): compiled h11, a lazy keep-alive timer, a cached Date header
+    # (render/hypercorn_tuning.py); "hypercorn-stock" serves Hypercorn exactly as released.
+    tuned = hypercorn_tuning.apply(tuned)
+    hc = hypercorn_tuning.TunedConfig() if tuned else Config()
     # Hypercorn closes the descriptor it served: give it its own, the caller closes ``sock``.
     hc.bind = [f"fd://{os.dup(sock.fileno())}"]
     hc.backlog = opts.backlog  # Hypercorn re-listens with its own backlog (default 100)

@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(each loads its own copy of the models; 0: render them on a thread)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
-                   help="hypercorn (h11; default) or uvicorn (httptools, least CPU per request)")
+                   help="hypercorn (default; with kvroute's tuning, render/hypercorn_tuning.py), "
+                        "hypercorn-stock (as released) or uvicorn (httptools, least CPU)")
     return p
 
 

@@ -1,0 +1,132 @@
+"""Hypercorn 0.18 minus its per-request waste: compiled h11, a lazy keep-alive timer, a cached Date.
+
+Hypercorn's own CPU per keep-alive request is 0.55-0.65 ms here, against 0.1-0.2 ms for uvicorn
+(docs/benchmarks.md, "Hypercorn tuned"). Three parts of it are not HTTP work:
+- h11, pure Python, parses every request and builds and validates every response event. The same
+  code compiled with mypyc (PyPI `h11-mypyc`, a fork of h11 0.16 whose only changes are the type
+  annotations mypyc needs, installed as its own module) does the same for about half. Hypercorn's
+  HTTP/1.1 protocol is pointed at it; nothing else in the process changes (httpx keeps h11).
+  `tests/test_hypercorn_tuning.py` checks the two give the same events, errors and bytes.
+- The keep-alive timer: around every request Hypercorn cancels and awaits one task and creates
+  another running `asyncio.wait_for` (itself a second task and a timer). `LazyIdleTask` arms that
+  watcher only once a connection has been idle for `ARM_DELAY`, so a connection carrying a
+  request stream never creates one. An idle connection closes `ARM_DELAY` later than the
+  configured timeout, and notices server shutdown within `ARM_DELAY`.
+- The Date header, formatted anew (wsgiref) for every response: `TunedConfig` formats it once per
+  second.
+These replace two module attributes of Hypercorn (its protocol's `h11`, its TCP server's timer
+class), so `apply` checks the version they were written against and otherwise leaves Hypercorn
+stock; `--http-server hypercorn-stock` serves it stock on purpose, for comparison (`apply(False)`
+puts Hypercorn's own parts back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from types import ModuleType
+from typing import Any
+
+from hypercorn.config import Config
+
+log = logging.getLogger("kvroute.http")
+
+TUNED_VERSIONS = ("0.18.",)  # the Hypercorn releases whose internals this module was checked on
+ARM_DELAY = 0.25  # s a connection stays idle before its keep-alive watcher exists
+
+
+class TunedConfig(Config):
+    """Hypercorn's Config with its default response headers built once per second."""
+
+    _headers_second = -1
+    _headers: tuple[tuple[bytes, bytes], ...] = ()
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        # The Date header has one-second resolution (RFC 9110 5.6.7): the same second, the same
+        # bytes. Callers get a fresh list each time, as from Hypercorn's own method.
+        second = int(time.time())
+        if second != self._headers_second or not self.include_date_header:
+            self._headers = tuple(super().response_headers(protocol))
+            self._headers_second = second if self.include_date_header else -1
+        return list(self._headers)
+
+
+class LazyIdleTask:
+    """Hypercorn's `AsyncioSingleTask` for the keep-alive timer, armed only after `ARM_DELAY`.
+
+    Same interface and the same guarantee after `stop()`: the action is not running and will not
+    start. A restart within `ARM_DELAY` of the last one costs a timer handle, not two tasks."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    async def restart(self, task_group: Any, action: Callable[[], Awaitable[Any]]) -> None:
+        await self.stop()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(ARM_DELAY, self._arm, task_group, action)
+
+    def _arm(self, task_group: Any, action: Callable[[], Awaitable[Any]]) -> None:
+        self._timer = None
+        # The connection's own task group, as Hypercorn's class does: it is awaited (and this
+        # task cancelled with it) when the connection ends.
+        self._task = task_group._task_group.create_task(action())
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def compiled_h11() -> ModuleType | None:
+    """`h11_mypyc` if it imports, else None (serve with h11)."""
+    try:
+        return importlib.import_module("h11_mypyc")
+    except ImportError:
+        return None
+
+
+def apply(tuned: bool = True) -> bool:
+    """Point this process's Hypercorn at the tuned parts, or (``tuned=False``) at its own.
+    Idempotent. False when it serves stock: asked to, or, with a warning, when the installed
+    Hypercorn is not one the tuning was checked on."""
+    import h11
+    import hypercorn.asyncio.tcp_server as tcp_server
+    import hypercorn.asyncio.worker_context as worker_context
+    import hypercorn.protocol.h11 as h11_protocol
+
+    if not tuned:
+        vars(tcp_server)["AsyncioSingleTask"] = worker_context.AsyncioSingleTask
+        vars(h11_protocol)["h11"] = h11
+        return False
+    hv = version("hypercorn")
+    if not hv.startswith(TUNED_VERSIONS) or "AsyncioSingleTask" not in vars(tcp_server) \
+            or "h11" not in vars(h11_protocol):
+        log.warning("hypercorn %s is not a version kvroute's tuning was checked on (%s): "
+                    "serving it stock", hv, ", ".join(v + "x" for v in TUNED_VERSIONS))
+        return False
+    vars(tcp_server)["AsyncioSingleTask"] = LazyIdleTask
+    fast = compiled_h11()
+    if fast is None:
+        log.warning("h11-mypyc is not installed: Hypercorn parses HTTP with pure-Python h11")
+    else:
+        vars(h11_protocol)["h11"] = fast
+    return True
+
+
+def parts_in_use() -> tuple[object, ModuleType]:
+    """(keep-alive timer class, h11 module): what Hypercorn's HTTP/1.1 serving uses now."""
+    import hypercorn.asyncio.tcp_server as tcp_server
+    import hypercorn.protocol.h11 as h11_protocol
+
+    return vars(tcp_server)["AsyncioSingleTask"], vars(h11_protocol)["h11"]

@@ -1,0 +1,252 @@
+"""render.hypercorn_tuning: compiled h11 parses and writes as h11 does; the lazy keep-alive timer
+and the cached Date header keep Hypercorn's behaviour (idle close, shutdown, one date a second)."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import socket
+import time
+from types import ModuleType
+from typing import Any
+
+import h11
+import h11_mypyc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from render import hypercorn_tuning
+from render.asgi_server import ServeOptions, serve_asgi
+
+# ---- h11 and h11-mypyc: the same events, errors and bytes ---------------------------------------
+
+_token = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_",
+                 min_size=1, max_size=12)
+_value = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
+
+
+@st.composite
+def _request(draw: st.DrawFn) -> bytes:
+    method = draw(st.sampled_from(["GET", "POST", "PUT", "HEAD", "OPTIONS", "DELETE"]))
+    target = "/" + draw(st.text(alphabet="abcxyz019/?=&%.-", max_size=20))
+    version = draw(st.sampled_from(["1.1", "1.1", "1.1", "1.0"]))
+    headers: list[tuple[str, str]] = []
+    if draw(st.integers(0, 9)):  # HTTP/1.1 without Host is an error: sometimes leave it out
+        headers.append(("Host", draw(_value)))
+    headers += draw(st.lists(st.tuples(_token, _value), max_size=4))
+    if draw(st.booleans()):
+        headers.append(("Expect", "100-continue"))
+    if draw(st.booleans()):
+        headers.append(("Connection", draw(st.sampled_from(["close", "keep-alive", "Upgrade"]))))
+    body = draw(st.binary(max_size=60))
+    framing = draw(st.sampled_from(["length", "chunked", "none"]))
+    raw_body = b""
+    if framing == "length":
+        headers.append(("Content-Length", str(len(body))))
+        raw_body = body
+    elif framing == "chunked":
+        headers.append(("Transfer-Encoding", "chunked"))
+        cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=3)))
+        for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True):
+            if b > a:
+                ext = draw(st.sampled_from(["", ";name=value"]))
+                raw_body += b"%x%s\r\n%s\r\n" % (b - a, ext.encode(), body[a:b])
+        raw_body += b"0\r\n"
+        raw_body += b"".join(b"%s: %s\r\n" % (n.encode(), v.encode())
+                             for n, v in draw(st.lists(st.tuples(_token, _value), max_size=2)))
+        raw_body += b"\r\n"
+    fold = draw(st.integers(0, 4)) == 0
+    if fold:  # an obsolete line fold continues the header before it
+        headers.append(("X-Folded", "a"))
+    head = f"{method} {target} HTTP/{version}\r\n" + "".join(
+        f"{n}:{draw(st.sampled_from(['', ' ', '  ', chr(9)]))}{v}\r\n" for n, v in headers)
+    if fold:
+        head += draw(st.sampled_from([" b", "\tb c"])) + "\r\n"
+    return head.encode() + b"\r\n" + raw_body
+
+
+@st.composite
+def _stream(draw: st.DrawFn) -> list[bytes]:
+    data = b"".join(draw(st.lists(_request(), min_size=1, max_size=3)))
+    if draw(st.integers(0, 5)) == 0 and data:  # a corrupted byte somewhere
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + bytes([draw(st.integers(0, 255))]) + data[i + 1:]
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(data) - 1)), max_size=6))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True) if b > a]
+
+
+def _shape(ev: Any) -> tuple[Any, ...]:
+    name = type(ev).__name__
+    if name == "Request":
+        return (name, ev.method, ev.target, ev.http_version, list(ev.headers),
+                list(ev.headers.raw_items()))
+    if name == "Data":
+        return (name, bytes(ev.data), ev.chunk_start, ev.chunk_end)
+    if name == "EndOfMessage":
+        return (name, list(ev.headers))
+    return (name,)
+
+
+def _serve(mod: ModuleType, chunks: list[bytes], status: int, resp_headers: list[tuple[str, str]],
+           resp_body: bytes) -> list[tuple[Any, ...]]:
+    """What a server Connection of ``mod`` makes of ``chunks``: every event and error, and the
+    bytes of the response it sends after each complete request."""
+    conn = mod.Connection(mod.SERVER, max_incomplete_event_size=2048)
+    out: list[tuple[Any, ...]] = []
+    pending = list(chunks) + [b""]  # b"": the client closes
+    while True:
+        out.append(("100-continue?", conn.they_are_waiting_for_100_continue))
+        try:
+            ev = conn.next_event()
+        except mod.RemoteProtocolError as e:
+            out.append(("RemoteProtocolError", str(e), e.error_status_hint))
+            return out
+        if ev is mod.NEED_DATA:
+            if not pending:
+                return out
+            conn.receive_data(pending.pop(0))
+            continue
+        if ev is mod.PAUSED or type(ev).__name__ == "EndOfMessage":
+            if type(ev).__name__ == "EndOfMessage":
+                out.append(_shape(ev))
+            if conn.our_state is not mod.SEND_RESPONSE:
+                out.append(("paused", str(conn.our_state), str(conn.their_state)))
+                return out
+            try:
+                out.append(("sent", conn.send(mod.Response(status_code=status,
+                                                           headers=resp_headers))))
+                out.append(("sent", conn.send(mod.Data(data=resp_body))))
+                out.append(("sent", conn.send(mod.EndOfMessage())))
+                conn.start_next_cycle()
+            except mod.LocalProtocolError as e:
+                out.append(("LocalProtocolError", str(e)))
+                return out
+            continue
+        out.append(_shape(ev))
+        if type(ev).__name__ == "ConnectionClosed":
+            return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chunks=_stream(), status=st.sampled_from([200, 204, 404, 500]),
+       resp_headers=st.lists(st.tuples(_token, _value), max_size=3),
+       length=st.sampled_from([None, "match", "wrong"]), resp_body=st.binary(max_size=40))
+def test_compiled_h11_matches_h11(chunks: list[bytes], status: int,
+                                  resp_headers: list[tuple[str, str]], length: str | None,
+                                  resp_body: bytes) -> None:
+    if length is not None:
+        n = len(resp_body) + (0 if length == "match" else 1)
+        resp_headers = [*resp_headers, ("Content-Length", str(n))]
+    pure = _serve(h11, chunks, status, resp_headers, resp_body)
+    compiled = _serve(h11_mypyc, chunks, status, resp_headers, resp_body)
+    assert compiled == pure
+
+
+# ---- served: idle close, shutdown, Date ---------------------------------------------------------
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _listen() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert await asyncio.wait_for(reader.readexactly(2), 5) == b"ok"
+    return head
+
+
+@pytest.mark.parametrize("server", ["hypercorn", "hypercorn-stock"])
+async def test_idle_keep_alive_connection_closes_after_its_timeout(server: str) -> None:
+    sock, stop = _listen(), asyncio.Event()
+    timeout = 0.5
+    opts = ServeOptions(server=server, keep_alive_timeout=timeout, error_log=False)
+    serving = asyncio.create_task(serve_asgi(_app, sock, opts, stop.wait))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        # Back-to-back requests on one connection (the tuned timer never arms between them).
+        for _ in range(20):
+            await _get(reader, writer)
+        timer, parser = hypercorn_tuning.parts_in_use()
+        tuned = timer is hypercorn_tuning.LazyIdleTask
+        assert tuned == (server == "hypercorn")
+        assert (parser is h11_mypyc) == (server == "hypercorn")
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the server closed it
+        idle = time.monotonic() - t0
+        slack = hypercorn_tuning.ARM_DELAY if tuned else 0.0
+        assert timeout * 0.9 <= idle <= timeout + slack + 2.0, idle
+        writer.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
+
+
+async def test_shutdown_closes_idle_keep_alive_connections_promptly() -> None:
+    sock, stop = _listen(), asyncio.Event()
+    # A long keep-alive: only the shutdown can close this connection soon.
+    opts = ServeOptions(server="hypercorn", keep_alive_timeout=60, graceful_timeout=30,
+                        error_log=False)
+    serving = asyncio.create_task(serve_asgi(_app, sock, opts, stop.wait))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        await _get(reader, writer)
+        t0 = time.monotonic()
+        stop.set()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        await asyncio.wait_for(serving, 10)
+        assert time.monotonic() - t0 < hypercorn_tuning.ARM_DELAY + 3.0
+        writer.close()
+    finally:
+        stop.set()
+        serving.cancel()
+        sock.close()
+
+
+async def test_date_header_is_current_and_advances() -> None:
+    sock, stop = _listen(), asyncio.Event()
+    serving = asyncio.create_task(
+        serve_asgi(_app, sock, ServeOptions(server="hypercorn", error_log=False), stop.wait))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        seen: set[str] = set()
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:  # until the second turns over
+            head = (await _get(reader, writer)).decode()
+            dates = [line.split(":", 1)[1].strip() for line in head.split("\r\n")
+                     if line.lower().startswith("date:")]
+            assert len(dates) == 1, head
+            sent = email.utils.parsedate_to_datetime(dates[0]).timestamp()
+            assert abs(sent - time.time()) <= 2.0
+            seen.add(dates[0])
+            await asyncio.sleep(0.05)  # pacing the polls, not synchronising
+        assert len(seen) >= 2, seen
+        writer.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
+
+
+def test_apply_is_reversible() -> None:
+    assert hypercorn_tuning.apply(True)
+    assert hypercorn_tuning.parts_in_use() == (hypercorn_tuning.LazyIdleTask, h11_mypyc)
+    assert not hypercorn_tuning.apply(False)
+    timer, parser = hypercorn_tuning.parts_in_use()
+    assert timer is not hypercorn_tuning.LazyIdleTask
+    assert parser is h11
