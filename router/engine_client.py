@@ -71,6 +71,14 @@ READY_MAP_WAIT_MS = 5000
 # an engine declared hung starts.
 LINKED_POLL_MS = 1000
 
+# libzmq's flags and options as plain ints: pyzmq's are enums, whose | runs in Python.
+_NOWAIT = int(zmq.DONTWAIT)
+_MORE = int(zmq.SNDMORE) | _NOWAIT
+_LAST = _NOWAIT
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_POLLIN = int(zmq.POLLIN)
+
 
 class _Phase(enum.Enum):
     NEW = 0
@@ -321,11 +329,16 @@ class EngineClient:
         sock = self._sync_inputs.get(eng)
         if sock is None:
             raise EngineUnavailableError(f"engine {eng.spec.name!r} was removed")
-        frames = (eng.identity, kind, payload)
+        send = sock.send
         deadline = 0.0
         while True:
             try:
-                sock.send_multipart(frames, zmq.DONTWAIT, copy=False)
+                # Frame by frame with int flags: send_multipart type-checks every part and ORs
+                # enum flags per frame (enum.__or__ in Python). A ROUTER sends all frames or none
+                # (EHOSTUNREACH comes on the first), so a retry resends the whole message.
+                send(eng.identity, _MORE)
+                send(kind, _MORE)
+                send(payload, _LAST)
                 return
             except zmq.ZMQError as e:
                 if e.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
@@ -346,16 +359,19 @@ class EngineClient:
         sock: zmq.Socket[bytes] = zmq.Socket.shadow(eng.output.underlying)
         fd = sock.fileno()
         loop = asyncio.get_running_loop()
-        recv = sock.recv_multipart
-        flags = zmq.DONTWAIT
+        recv = sock.recv
+        option = sock.getsockopt
 
         def readable() -> None:
             # ZMQ_FD is edge-triggered: read everything queued, or the next edge never comes.
-            while True:
-                try:
-                    frames = recv(flags, copy=False)
-                except zmq.Again:
-                    return
+            # "Queued" is asked (ZMQ_EVENTS, which also re-arms the edge) rather than found out
+            # by a recv raising zmq.Again: pyzmq builds that exception in Python, once per wake.
+            # Frames are copied to bytes: below pyzmq's copy threshold a Frame costs more than
+            # the copy, and outputs are a few hundred bytes.
+            while option(_EVENTS) & _POLLIN:
+                frames = [recv(_NOWAIT)]
+                while option(_RCVMORE):
+                    frames.append(recv(_NOWAIT))
                 self.on_output_frames(eng, frames)
 
         loop.add_reader(fd, readable)
