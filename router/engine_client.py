@@ -16,9 +16,9 @@ import contextlib
 import enum
 import itertools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -360,7 +360,8 @@ class EngineClient:
         fd = sock.fileno()
         loop = asyncio.get_running_loop()
         recv = sock.recv
-        option = sock.getsockopt
+        # EVENTS and RCVMORE are int options (getsockopt is typed int | bytes for all).
+        option = cast(Callable[[int], int], sock.getsockopt)
 
         def readable() -> None:
             # ZMQ_FD is edge-triggered: read everything queued, or the next edge never comes.
