@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -72,9 +72,8 @@ class Dispatcher:
         # for a while (doubling per consecutive failure), even if its link still looks up.
         self._suspect_until: dict[str, float] = {}
         self._failures: dict[str, int] = {}
-        # prometheus' labels() costs more than the update itself: children kept per label set.
-        self._decision_counters: dict[tuple[str, str], Any] = {}
-        self._per_engine: dict[str, tuple[Any, Any, Any]] = {}
+        # Engines whose in-flight gauge reads the admission ledger (set up on first use).
+        self._gauged: set[str] = set()
 
     def healthy(self) -> list[str]:
         now = self.clock()
@@ -92,8 +91,8 @@ class Dispatcher:
             self._suspect_until.pop(engine, None)
 
     def _engine_stats(self, engine: str) -> tuple[int, int]:
-        stats = self.client.engines[engine].scheduler_stats or {}
-        return int(stats.get("num_running_reqs", 0)), int(stats.get("num_waiting_reqs", 0))
+        counts = self.client.engines[engine].queue_counts
+        return counts.num_running_reqs, counts.num_waiting_reqs
 
     async def open(
         self, request_id: str, tokens: Sequence[int], params: SamplingParams, *,
@@ -107,14 +106,23 @@ class Dispatcher:
         n = params.n
         excluded: set[str] = set()
         last_error: Exception | None = None
+        admission = self.admission
         for attempt in (1, 2):
             def candidates() -> list[str]:
-                return [e for e in self.admission.open_engines(self.healthy()) if e not in excluded]
+                return [e for e in admission.open_engines(self.healthy()) if e not in excluded]
 
-            if not [e for e in self.healthy() if e not in excluded]:
+            live = self.healthy()
+            if excluded:
+                live = [e for e in live if e not in excluded]
+            if not live:
                 break
-            await self.admission.wait_for_slot(lambda: bool(candidates()))
-            loads = self.admission.loads(candidates(), self._engine_stats)
+            # wait_for_slot returns at once when nobody queues and an engine has a slot: that
+            # check is made here on the engines just listed, without a second listing.
+            open_now = admission.open_engines(live)
+            if not open_now or admission.queued:
+                await admission.wait_for_slot(lambda: bool(candidates()))
+                open_now = candidates()
+            loads = admission.loads(open_now, self._engine_stats)
             try:
                 decision, note = self.policy.decide(tokens, namespace, loads, self.clock())
             except NoEngineError:
@@ -174,10 +182,9 @@ class Dispatcher:
                 continue
             for _ in children:
                 self.admission.prefilled(engine, uncached // n)
-            self._succeeded(engine)
-            # The metrics wait for the next loop pass: the answer is written before it.
-            asyncio.get_running_loop().call_soon(self._opened_metrics, engine,
-                                                 decision.cached_tokens, first[0])
+            if self._failures:
+                self._succeeded(engine)
+            self._opened_metrics(engine, decision.cached_tokens, first[0])
             return Routed(decision, uncached, streams, first, attempt)
         if last_error is not None:
             raise last_error
@@ -186,44 +193,31 @@ class Dispatcher:
 
     def _opened_metrics(self, engine: str, predicted_cached: int,
                         first: EngineCoreOutput) -> None:
-        in_flight, predicted, engine_cached = self._engine_metrics(engine)
-        in_flight.set(self.admission.in_flight(engine))
-        predicted.inc(predicted_cached)
+        m = self.metrics
+        if engine not in self._gauged:
+            self._gauged.add(engine)
+            admission = self.admission
+            m.in_flight.labels(engine).set_function(lambda: admission.in_flight(engine))
+        key = (engine,)
+        m.predicted_cached_tally.inc(key, predicted_cached)
         reported = _cached_tokens(first)
         if reported is not None:
-            engine_cached.inc(reported)
-            self.metrics.prediction_error.observe(reported - predicted_cached)
+            m.engine_cached_tally.inc(key, reported)
+            m.prediction_error_tally.observe(reported - predicted_cached)
 
     def _log_decision(self, request_id: str, decision: Decision, prompt_tokens: int,
                       attempt: int) -> None:
-        key = (decision.reason, decision.engine)
-        counter = self._decision_counters.get(key)
-        if counter is None:
-            counter = self.metrics.decisions.labels(self.policy.config.name, *key)
-            self._decision_counters[key] = counter
-        counter.inc()
+        self.metrics.decisions_tally.inc((self.policy.config.name, decision.reason,
+                                          decision.engine))
         if log.isEnabledFor(logging.INFO):
             log.info("route", extra={"request_id": request_id, "engine": decision.engine,
                                      "cached": decision.cached_tokens, "reason": decision.reason,
                                      "prompt_tokens": prompt_tokens, "attempt": attempt})
 
-    def _engine_metrics(self, engine: str) -> tuple[Any, Any, Any]:
-        """The engine's labelled children (in flight, predicted and reported cached tokens)."""
-        children = self._per_engine.get(engine)
-        if children is None:
-            m = self.metrics
-            children = (m.in_flight.labels(engine), m.predicted_cached.labels(engine),
-                        m.engine_cached.labels(engine))
-            self._per_engine[engine] = children
-        return children
-
     def done(self, routed: Placed) -> None:
         """Give the slots back (call once, whatever the outcome)."""
-        streams = routed.streams
-        for stream in streams:
+        for stream in routed.streams:
             self.admission.release(stream.engine)
-        for engine in (streams[0].engine,) if len(streams) == 1 else {s.engine for s in streams}:
-            self._engine_metrics(engine)[0].set(self.admission.in_flight(engine))
 
     async def abort(self, routed: Placed, cause: str) -> None:
         pending = [s.request_id for s in routed.streams if not s.finished]

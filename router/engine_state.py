@@ -57,6 +57,19 @@ def _endpoint(sock: zmq.asyncio.Socket, advertise_host: str | None = None) -> st
     return endpoint.replace("//0.0.0.0:", f"//{v4}:").replace("//[::]:", f"//{v6}:")
 
 
+class QueueCounts(msgspec.Struct, gc=False):
+    """The two scheduler_stats fields routing reads per request: decoding only these skips
+    building the whole map (~0.5 µs instead of ~3 µs per read)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+
+
+_STATS = msgspec.msgpack.Decoder(dict[str, Any])
+_COUNTS = msgspec.msgpack.Decoder(QueueCounts)
+_NO_COUNTS = QueueCounts()
+
+
 class EngineState:
     """Everything the client knows about one engine; read by the router for health and load."""
 
@@ -86,6 +99,7 @@ class EngineState:
         self.in_flight: dict[str, RequestStream] = {}
         self._stats_raw: msgspec.Raw | None = None
         self._stats: dict[str, Any] | None = None
+        self._counts: QueueCounts | None = None
         self.last_output = 0.0
         self.counters = LinkCounters()
         self.tasks: list[asyncio.Task[None]] = []  # listener + control, owned by the client
@@ -93,17 +107,32 @@ class EngineState:
     def set_raw_stats(self, raw: msgspec.Raw) -> None:
         self._stats_raw = raw
         self._stats = None
+        self._counts = None
 
     @property
     def scheduler_stats(self) -> dict[str, Any] | None:
         """The engine's last scheduler_stats map (num_running_reqs, kv_cache_usage, ...)."""
         if self._stats is None and self._stats_raw is not None:
             try:
-                self._stats = msgspec.msgpack.decode(self._stats_raw, type=dict[str, Any])
+                self._stats = _STATS.decode(self._stats_raw)
             except msgspec.DecodeError:
                 self.counters.decode_errors += 1
-            self._stats_raw = None
+                self._stats_raw = None
         return self._stats
+
+    @property
+    def queue_counts(self) -> QueueCounts:
+        """Running and waiting requests from the last scheduler_stats (zeros before any)."""
+        counts = self._counts
+        if counts is None:
+            counts = _NO_COUNTS
+            if self._stats_raw is not None:
+                try:
+                    counts = _COUNTS.decode(self._stats_raw)
+                except msgspec.DecodeError:
+                    self.counters.decode_errors += 1
+            self._counts = counts
+        return counts
 
     @property
     def num_in_flight(self) -> int:

@@ -72,7 +72,7 @@ async def _open(st: Any, receive: Receive, gen: GenerateRequest, spec: PipelineS
     routed = await _unless_client_leaves(st, receive, st.dispatcher.open(
         gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
         priority=gen.priority))
-    st.router_metrics.prompt_tokens.inc(len(gen.token_ids))
+    st.router_metrics.prompt_tokens_tally.inc((), len(gen.token_ids))
     return EngineResponse(st, routed, spec, decoder, stream)
 
 
@@ -216,7 +216,7 @@ async def _answer_prompts(st: Any, receive: Receive, gens: list[GenerateRequest]
             await st.dispatcher.abort(part, "sibling_failed")
             st.dispatcher.done(part)
         raise failed[0]
-    st.router_metrics.prompt_tokens.inc(sum(len(g.token_ids) for g in gens))
+    st.router_metrics.prompt_tokens_tally.inc((), sum(len(g.token_ids) for g in gens))
     decoder = st.decoders[renderer.served_model_name]
     first = specs[0]
     spec = msgspec.structs.replace(

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.metric_tally import FlushFirst, Tallies
+
 # Latency buckets from sub-millisecond (router overhead) to minutes (long generations).
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _TPOT = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -44,6 +46,8 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.tallies = Tallies()
+        r.register(FlushFirst(self.tallies))
         self.requests = Counter(
             "kvroute_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
             registry=r)
@@ -84,6 +88,19 @@ class RouterMetrics:
             "kvroute_in_flight", "Requests the router has on an engine", ["engine"], registry=r)
         self.stream_errors = Counter(
             "kvroute_stream_errors", "Streams ended with an error chunk", registry=r)
+        # What every routed request updates, as tallies (router/metric_tally.py): requests by
+        # (endpoint, status), decisions by (policy, reason, engine), cached tokens by engine.
+        t = self.tallies
+        self.requests_tally = t.counter(self.requests)
+        self.prompt_tokens_tally = t.counter(self.prompt_tokens)
+        self.generation_tokens_tally = t.counter(self.generation_tokens)
+        self.decisions_tally = t.counter(self.decisions)
+        self.predicted_cached_tally = t.counter(self.predicted_cached)
+        self.engine_cached_tally = t.counter(self.engine_cached)
+        self.ttft_tally = t.histogram(self.ttft)
+        self.tpot_tally = t.histogram(self.tpot)
+        self.e2e_tally = t.histogram(self.e2e)
+        self.prediction_error_tally = t.histogram(self.prediction_error)
 
     def watch_engines(self, read: EngineSnapshot) -> None:
         """Per-engine health/queue (engine client) gauges, read at scrape time."""

@@ -71,6 +71,10 @@ class PipelineGroup:
         known = [p.cached_tokens for p in self.parts if p.cached_tokens is not None]
         return sum(known) if known else None
 
+    @property
+    def completion_tokens(self) -> int:
+        return sum(p.completion_tokens for p in self.parts)
+
     def usage(self, index: int | None = None) -> Usage:
         if index is not None:
             pipeline, local, _ = self._where[index]

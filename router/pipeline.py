@@ -148,6 +148,11 @@ class Pipeline:
     def done(self) -> bool:
         return all(c.finished for c in self._choices)
 
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens of every choice so far (``usage().completion_tokens`` without the Usage)."""
+        return sum(c.tokens for c in self._choices)
+
     def usage(self, index: int | None = None) -> Usage:
         """Whole-request usage, or (``index``) one choice's, for continuous_usage_stats."""
         spec = self.spec

@@ -183,13 +183,13 @@ class EngineResponse:
     def _observe(self, pipeline: Pipeline, path: str, status: str) -> None:
         m = self.st.router_metrics
         now = time.perf_counter()
-        m.requests.labels(path, status).inc()
-        m.ttft.observe(self.first_token_at - self.arrival)
-        m.e2e.observe(now - self.arrival)
-        tokens = pipeline.usage().completion_tokens
-        m.generation_tokens.inc(tokens)
+        m.requests_tally.inc((path, status))
+        m.ttft_tally.observe(self.first_token_at - self.arrival)
+        m.e2e_tally.observe(now - self.arrival)
+        tokens = pipeline.completion_tokens
+        m.generation_tokens_tally.inc((), tokens)
         if tokens > 1:
-            m.tpot.observe((now - self.first_token_at) / (tokens - 1))
+            m.tpot_tally.observe((now - self.first_token_at) / (tokens - 1))
 
 
 async def client_disconnected(receive: Any) -> None:
