@@ -101,12 +101,13 @@ def start(kind: str, cpus: str, ncpus: int, log_dir: Path) -> Server:
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
-    if kind in ("kvroute", "kvroute-uvicorn"):
-        # kvroute on its default server (Hypercorn, as the issue specifies), and on uvicorn.
-        http = "uvicorn" if kind == "kvroute-uvicorn" else "hypercorn"
+    if kind in ("kvroute", "kvroute-uvicorn", "kvroute-hypercorn-stock"):
+        # kvroute on its default server (Hypercorn, as the issue specifies, with kvroute's
+        # tuning), on Hypercorn as released, and on uvicorn.
+        http = kind.removeprefix("kvroute-") if kind != "kvroute" else "hypercorn"
         cmd = [sys.executable, "-m", "render.server", "--port", str(port),
                "--workers", str(ncpus), "--http-server", http]
-    elif kind in ("floor-hypercorn", "floor-uvicorn"):
+    elif kind in ("floor-hypercorn", "floor-hypercorn-stock", "floor-uvicorn"):
         # The HTTP server alone: a raw ASGI app answering like a render, without rendering.
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-floor",
                kind.removeprefix("floor-"), "--floor-port", str(port)]
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                         "median of each column")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "render.json")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "render_bench.png")
-    p.add_argument("--serve-floor", choices=("hypercorn", "uvicorn"),
+    p.add_argument("--serve-floor", choices=("hypercorn", "hypercorn-stock", "uvicorn"),
                    help="(internal) serve the floor app on --floor-port; servers floor-hypercorn "
                         "and floor-uvicorn run it, to measure the HTTP server's own CPU")
     p.add_argument("--floor-port", type=int, default=0, help=argparse.SUPPRESS)
@@ -297,8 +298,8 @@ def table(rows: list[dict[str, float | str]], kinds: list[str]) -> str:
         head += [f"{k} req/s", f"{k} p50/p99 ms", f"{k} CPU ms/req"]
     # req/s ratios, and CPU-per-request ratios (anchor CPU / kvroute CPU: the throughput ratio
     # on equal idle cores, which a loaded machine's scheduling does not blur).
-    ratios = [(kv, k) for kv in ("kvroute", "kvroute-uvicorn") for k in ("vllm-py", "vllm-rs")
-              if k in kinds and kv in kinds]
+    ratios = [(kv, k) for kv in ("kvroute", "kvroute-hypercorn-stock", "kvroute-uvicorn")
+              for k in ("vllm-py", "vllm-rs") if k in kinds and kv in kinds]
     head += [f"{kv}/{k} req/s (CPU)" for kv, k in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w, c in keys:
