@@ -10,7 +10,8 @@ while the sender builds its next chat (control: another process busy on a core, 
 rendering) and 30 with nothing running (idle). Kinds: helper (`kvroute render`, default:
 --render-processes 1), thread (--render-processes 0), ping (the helper server, the same bodies
 POSTed to /ping: the HTTP server reading 400 KB with no render at all, the floor under the
-others), and uvicorn (helper on --http-server uvicorn). Per kind: medians over the rounds of each
+others), uvicorn (helper on --http-server uvicorn), and helper-stock / ping-stock (the same on
+Hypercorn as released, without kvroute's tuning). Per kind: medians over the rounds of each
 round's p50 / p99 / max.
 """
 
@@ -36,6 +37,8 @@ KINDS = {
     "thread": ("--render-processes", "0"),
     "ping": (),
     "uvicorn": ("--http-server", "uvicorn"),
+    "helper-stock": ("--http-server", "hypercorn-stock"),
+    "ping-stock": ("--http-server", "hypercorn-stock"),
 }
 HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -67,7 +70,7 @@ async def measure(url: str, kind: str, probes: int) -> dict[str, float]:
             text = (await roundtrip(reader, writer, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"))
             if re.search(rb"^kvroute_render_helpers_ready\{[^}]*\} 1\.0$", text, re.M):
                 break
-    path = "/ping" if kind == "ping" else "/v1/chat/completions/render"
+    path = "/ping" if kind.startswith("ping") else "/v1/chat/completions/render"
     sender = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.chat_sender", host, port, MODEL, "7", path, cwd=ROOT,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
