@@ -365,15 +365,23 @@ class EngineClient:
 
         def readable() -> None:
             # ZMQ_FD is edge-triggered: read everything queued, or the next edge never comes.
-            # "Queued" is asked (ZMQ_EVENTS, which also re-arms the edge) rather than found out
-            # by a recv raising zmq.Again: pyzmq builds that exception in Python, once per wake.
-            # Frames are copied to bytes: below pyzmq's copy threshold a Frame costs more than
-            # the copy, and outputs are a few hundred bytes.
-            while option(_EVENTS) & _POLLIN:
+            # A wake nearly always brings a message, so the first recv is just tried (a wake
+            # without one ends in zmq.Again, whose failed recv re-arms the edge); after it,
+            # "queued" is asked (ZMQ_EVENTS, which re-arms the edge too) rather than found out
+            # by another recv raising zmq.Again: pyzmq builds that exception in Python (~8 µs,
+            # an EVENTS read ~3 µs). Frames are copied to bytes: below pyzmq's copy threshold
+            # a Frame costs more than the copy, and outputs are a few hundred bytes.
+            try:
                 frames = [recv(_NOWAIT)]
+            except zmq.Again:
+                return
+            while True:
                 while option(_RCVMORE):
                     frames.append(recv(_NOWAIT))
                 self.on_output_frames(eng, frames)
+                if not option(_EVENTS) & _POLLIN:
+                    return
+                frames = [recv(_NOWAIT)]
 
         loop.add_reader(fd, readable)
         try:

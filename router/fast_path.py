@@ -16,9 +16,9 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from types import SimpleNamespace
 from typing import Any
 
-from starlette.datastructures import State
 from starlette.requests import Request
 
 from render.http_errors import handler_for
@@ -97,7 +97,9 @@ class FastPath:
                 break
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            response = await opener(State(scope["state"]), receive, body, arrival)
+            # The handlers read a dozen attributes of the state: plain ones, not State's
+            # __getattr__ (a Python call each).
+            response = await opener(SimpleNamespace(**scope["state"]), receive, body, arrival)
             await response(scope, receive, send_with_id)
         except Exception as exc:
             if started:

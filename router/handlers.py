@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -262,24 +262,29 @@ async def open_generate(st: Any, receive: Receive, body: bytes,
 
 def check_sampling(sp: SamplingParams) -> None:
     """vLLM's SamplingParams._verify_args essentials: token-in requests skip render's mapping."""
-    checks = (
-        (1 <= sp.n <= 1024, "n must be within [1, 1024]", "n"),
-        (sp.max_tokens is None or sp.max_tokens >= 1, "max_tokens must be at least 1",
-         "max_tokens"),
-        (0 <= sp.min_tokens <= (sp.max_tokens if sp.max_tokens is not None else sp.min_tokens),
-         "min_tokens must be within [0, max_tokens]", "min_tokens"),
-        (sp.temperature >= 0, "temperature must be non-negative", "temperature"),
-        (0 < sp.top_p <= 1, "top_p must be in (0, 1]", "top_p"),
-        (sp.top_k >= -1, "top_k must be -1 (disable) or at least 1", "top_k"),
-        (0 <= sp.min_p <= 1, "min_p must be in [0, 1]", "min_p"),
-        (sp.logprobs is None or sp.logprobs >= -1, "logprobs must be non-negative or -1",
-         "logprobs"),
-        (sp.prompt_logprobs is None or sp.prompt_logprobs >= -1,
-         "prompt_logprobs must be non-negative or -1", "prompt_logprobs"),
-    )
-    for ok, message, param in checks:
-        if not ok:
-            raise BadRequestError(message, f"sampling_params.{param}")
+    max_tokens = sp.max_tokens
+    if not 1 <= sp.n <= 1024:
+        _refuse("n must be within [1, 1024]", "n")
+    if max_tokens is not None and max_tokens < 1:
+        _refuse("max_tokens must be at least 1", "max_tokens")
+    if not 0 <= sp.min_tokens <= (max_tokens if max_tokens is not None else sp.min_tokens):
+        _refuse("min_tokens must be within [0, max_tokens]", "min_tokens")
+    if not sp.temperature >= 0:  # NaN is refused too
+        _refuse("temperature must be non-negative", "temperature")
+    if not 0 < sp.top_p <= 1:
+        _refuse("top_p must be in (0, 1]", "top_p")
+    if sp.top_k < -1:
+        _refuse("top_k must be -1 (disable) or at least 1", "top_k")
+    if not 0 <= sp.min_p <= 1:
+        _refuse("min_p must be in [0, 1]", "min_p")
+    if sp.logprobs is not None and sp.logprobs < -1:
+        _refuse("logprobs must be non-negative or -1", "logprobs")
+    if sp.prompt_logprobs is not None and sp.prompt_logprobs < -1:
+        _refuse("prompt_logprobs must be non-negative or -1", "prompt_logprobs")
+
+
+def _refuse(message: str, param: str) -> NoReturn:
+    raise BadRequestError(message, f"sampling_params.{param}")
 
 
 async def abort_requests(request: Request) -> Response:
