@@ -72,6 +72,8 @@ NUMPY_MIN_BLOCKS = 64
 # larger token ids or blocks take the Python path (same keys, slower).
 _NUMPY_MAX_TOKEN = 1 << 24
 _NUMPY_MAX_BLOCK = 512
+# Roots remembered per KeySpace (see KeySpace.root).
+ROOT_MEMO = 4096
 
 
 def token_array(tokens: Sequence[int]) -> array[int]:
@@ -122,7 +124,7 @@ class KeySpace:
     """The secret parameters of one index's keys (see the module docstring), and the chain."""
 
     __slots__ = ("modulus", "base", "_seed", "_primes", "_p", "_x0", "_crt", "_digits", "_xpow",
-                 "_xinv", "_splitters")
+                 "_xinv", "_splitters", "_roots")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         rng = rng if rng is not None else random.SystemRandom()
@@ -142,14 +144,25 @@ class KeySpace:
             self._xpow: U64 = np.empty((2, 0), dtype=np.uint64)  # x**k, k = 1.. per prime
             self._xinv: U64 = np.empty((2, 0), dtype=np.uint64)  # x**-k
         self._splitters: dict[int, Struct] = {}  # block size -> cuts a buffer into blocks
+        # Roots computed so far: every routed prompt needs one (a repr and a hash, ~2-4 µs),
+        # and a fleet sees few (block size, namespace) pairs; emptied when it grows past
+        # ROOT_MEMO (namespaces hold client-chosen cache_salts).
+        self._roots: dict[tuple[int, Hashable], int] = {}
 
     def root(self, block_size: int, namespace: Hashable) -> int:
         """The key before block 0, distinct per (block size, namespace) so neither matches across.
 
         ``namespace`` must have a stable ``repr``: str, int, bytes, None and tuples of them.
         """
-        return xxhash.xxh3_64_intdigest(repr((block_size, namespace)).encode(),
-                                        self._seed) % self.modulus
+        pair = (block_size, namespace)
+        roots = self._roots
+        key = roots.get(pair)
+        if key is None:
+            key = xxhash.xxh3_64_intdigest(repr(pair).encode(), self._seed) % self.modulus
+            if len(roots) >= ROOT_MEMO:
+                roots.clear()
+            roots[pair] = key
+        return key
 
     def extra(self, extra: Any) -> int:
         """What a block's residual extra keys (multimodal identity, embeds digest) add to it."""

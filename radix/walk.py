@@ -41,8 +41,10 @@ def _run_starts(items: Sequence[object]) -> list[int]:
 
 def _values(nodes: dict[int, int], keys: list[int], need_all: bool) -> Sequence[int | None]:
     """``nodes.get`` of each key; without ``need_all``, up to the first key absent (its value
-    None ends every engine's confirmed run, so nothing past it matters)."""
-    if len(keys) > 1:
+    None ends every engine's confirmed run, so nothing past it matters). With ``need_all`` the
+    keys are looked up by one ``map``: itemgetter would raise (a KeyError built in C, caught
+    here) on every prompt that is not fully held."""
+    if len(keys) > 1 and not need_all:
         try:
             found: tuple[int, ...] = itemgetter(*keys)(nodes)  # C-level, cheaper than map(get)
             return found
