@@ -110,22 +110,14 @@ class EngineResponse:
             return self.routed.streams[0].queued > 0
         return bool(self._merged)
 
-    async def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
-        routed = self.routed
-        if len(routed.streams) == 1:
-            # Not through Routed.outputs: that async generator, left suspended when the
-            # pipeline stops at the finished output, would be finalized by the loop's asyncgen
-            # hook (call_soon_threadsafe: a self-pipe write and an aclose task) in the middle
-            # of the answer. The stream itself is a plain async iterator.
-            first = routed.first[0]
-            self._first_unread = False
-            yield 0, first
-            if first.finished:
-                return
-            async for out in routed.streams[0]:
-                yield 0, out
-            return
+    def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
+        if len(self.routed.streams) == 1:
+            return _OneChoice(self)
+        return self._merged_outputs()
+
+    async def _merged_outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
         # n > 1: the choices run concurrently on the engine; interleave them as they come.
+        routed = self.routed
         merged = self._merged
         wake: list[asyncio.Future[None] | None] = [None]
         failure: list[BaseException] = []
@@ -190,6 +182,35 @@ class EngineResponse:
         m.generation_tokens_tally.inc((), tokens)
         if tokens > 1:
             m.tpot_tally.observe((now - self.first_token_at) / (tokens - 1))
+
+
+class _OneChoice:
+    """The outputs of a one-choice request: the first (already read), then its stream's.
+
+    A plain async iterator, not an async generator: the loop's asyncgen hooks track each of
+    those in a WeakSet, and one left suspended when the pipeline stops at the finished output
+    would be finalized by them (call_soon_threadsafe: a self-pipe write and an aclose task) in
+    the middle of the answer. Nor through Routed.outputs, an async generator for that reason.
+    """
+
+    __slots__ = ("response", "first")
+
+    def __init__(self, response: EngineResponse) -> None:
+        self.response = response
+        self.first: EngineCoreOutput | None = response.routed.first[0]
+
+    def __aiter__(self) -> _OneChoice:
+        return self
+
+    async def __anext__(self) -> tuple[int, EngineCoreOutput]:
+        first = self.first
+        if first is not None:
+            self.first = None
+            self.response._first_unread = False
+            return 0, first
+        if self.response.routed.first[0].finished:
+            raise StopAsyncIteration
+        return 0, await self.response.routed.streams[0].__anext__()
 
 
 async def client_disconnected(receive: Any) -> None:
