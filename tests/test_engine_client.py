@@ -112,6 +112,12 @@ async def test_abort_finishes_stream(link: EngineClient, engine: EngineProc) -> 
     stream = await link.submit(engine.name, long)
     first = await anext(stream)
     assert first.finish_reason is None
+    # The two counts routing reads, decoded alone, agree with the whole map (running: this one).
+    state = link.engines[engine.name]
+    counts, whole = state.queue_counts, state.scheduler_stats
+    assert whole is not None and counts.num_running_reqs >= 1
+    assert (counts.num_running_reqs, counts.num_waiting_reqs) == (
+        whole["num_running_reqs"], whole["num_waiting_reqs"])
     await link.abort([long.request_id])
     rest = await stream.collect()
     assert rest[-1].finish_reason == FinishReason.ABORT
@@ -122,6 +128,7 @@ async def test_abort_finishes_stream(link: EngineClient, engine: EngineProc) -> 
     assert len(tokens(out)) == 2
     stats = link.engines[engine.name].scheduler_stats
     assert stats is not None and stats["num_running_reqs"] == 0
+    assert link.engines[engine.name].queue_counts.num_running_reqs == 0
 
 
 async def test_utility_calls(link: EngineClient, engine: EngineProc) -> None:
