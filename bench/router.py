@@ -41,6 +41,7 @@ from router_policies import CharTreePolicy, OraclePolicy  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from radix import PrefixIndex  # noqa: E402
+from render.asgi_server import SERVERS  # noqa: E402
 from render.sampling import SamplingParams  # noqa: E402
 from router.admission import Admission  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
@@ -482,7 +483,7 @@ def plot(c: dict[str, dict[str, float]], path: Path,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="b,c,cpu")
-    p.add_argument("--http-server", default="hypercorn", choices=("hypercorn", "uvicorn"),
+    p.add_argument("--http-server", default="hypercorn", choices=SERVERS,
                    help="the router's HTTP server in part (b)")
     p.add_argument("--requests", type=int, default=640)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")
