@@ -27,7 +27,7 @@ import contextlib
 import importlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from importlib.metadata import version
 from types import ModuleType
 from typing import Any
@@ -35,6 +35,8 @@ from typing import Any
 from hypercorn.config import Config
 
 log = logging.getLogger("kvroute.http")
+
+Watcher = Callable[[], Coroutine[Any, Any, Any]]  # Hypercorn's idle-timeout coroutine function
 
 TUNED_VERSIONS = ("0.18.",)  # the Hypercorn releases whose internals this module was checked on
 ARM_DELAY = 0.25  # s a connection stays idle before its keep-alive watcher exists
@@ -62,20 +64,27 @@ class LazyIdleTask:
     Same interface and the same guarantee after `stop()`: the action is not running and will not
     start. A restart within `ARM_DELAY` of the last one costs a timer handle, not two tasks."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = ARM_DELAY) -> None:
+        self.delay = delay
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None
 
-    async def restart(self, task_group: Any, action: Callable[[], Awaitable[Any]]) -> None:
+    async def restart(self, task_group: Any, action: Watcher) -> None:
         await self.stop()
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(ARM_DELAY, self._arm, task_group, action)
+        self._timer = loop.call_later(self.delay, self._arm, task_group, action)
 
-    def _arm(self, task_group: Any, action: Callable[[], Awaitable[Any]]) -> None:
+    def _arm(self, task_group: Any, action: Watcher) -> None:
         self._timer = None
         # The connection's own task group, as Hypercorn's class does: it is awaited (and this
         # task cancelled with it) when the connection ends.
-        self._task = task_group._task_group.create_task(action())
+        watcher = action()
+        try:
+            self._task = task_group._task_group.create_task(watcher)
+        except RuntimeError:
+            # The group has already finished: the connection is closing (its `stop()` is a loop
+            # turn away), so there is nothing left to watch.
+            watcher.close()
 
     async def stop(self) -> None:
         if self._timer is not None:

@@ -243,6 +243,57 @@ async def test_date_header_is_current_and_advances() -> None:
         sock.close()
 
 
+class _Group:
+    """What LazyIdleTask sees of Hypercorn's per-connection TaskGroup: its asyncio group."""
+
+    def __init__(self, group: asyncio.TaskGroup) -> None:
+        self._task_group = group
+
+
+async def test_lazy_timer_arms_after_its_delay_and_stop_disarms() -> None:
+    fired = asyncio.Event()
+
+    async def watch() -> None:
+        fired.set()
+        await asyncio.Event().wait()  # as Hypercorn's watcher: runs until cancelled
+
+    async with asyncio.TaskGroup() as group:
+        timer = hypercorn_tuning.LazyIdleTask(delay=0.05)
+        # Restarted again and again (requests back to back): never armed.
+        for _ in range(5):
+            await timer.restart(_Group(group), watch)
+        assert not fired.is_set()
+        await asyncio.wait_for(fired.wait(), 5)  # idle: the watcher starts
+        await timer.stop()  # and stop() ends it, or the group would never exit
+        fired.clear()
+        await timer.restart(_Group(group), watch)
+        await timer.stop()
+    assert not fired.is_set()
+
+
+async def test_lazy_timer_firing_after_the_connection_ended_is_harmless() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    calls = 0
+
+    async def watch() -> None:
+        nonlocal calls
+        calls += 1
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            timer = hypercorn_tuning.LazyIdleTask(delay=0.01)
+            await timer.restart(_Group(group), watch)
+        # The group is finished; the timer fires in between (Hypercorn's close awaits before it
+        # stops the timer): no error in the loop, no coroutine left unawaited.
+        await asyncio.sleep(0.05)  # lets the 10 ms timer fire; not a synchronisation
+        await timer.stop()
+    finally:
+        loop.set_exception_handler(None)
+    assert errors == [] and calls == 0
+
+
 def test_apply_is_reversible() -> None:
     assert hypercorn_tuning.apply(True)
     assert hypercorn_tuning.parts_in_use() == (hypercorn_tuning.LazyIdleTask, h11_mypyc)
