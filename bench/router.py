@@ -82,11 +82,13 @@ def start_router(tmp: Path, engines: list[str], *extra: str
     return start_router_flags(flags)
 
 
-def start_router_flags(flags: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+def start_router_flags(flags: list[str], tree: Path = ROOT
+                       ) -> tuple[subprocess.Popen[bytes], int]:
+    """A `kvroute router` process from the source ``tree`` (default: this one), once ready."""
     port = free_port()
     args = [PY, "-m", "router.cli", "router", "--port", str(port), "--plain-logs",
             "--log-level", "WARNING", *flags]
-    proc = subprocess.Popen(args, cwd=ROOT)
+    proc = subprocess.Popen(args, cwd=tree)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

@@ -25,31 +25,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-import httpx  # noqa: E402
 import msgspec  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
-from bench.router import free_port, spawn_engine  # noqa: E402
+from bench.router import spawn_engine, start_router_flags  # noqa: E402
+from render.asgi_server import SERVERS  # noqa: E402
 
 ZERO = ("--step-time", "0", "--prefill-time-per-token", "0")
 
 
 def start_router(tree: Path, engine: str, server: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "router", "--port", str(port), "--plain-logs",
-         "--log-level", "WARNING", "--http-server", server, "--engine", engine], cwd=tree)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"the router of {tree} did not become ready")
+    return start_router_flags(["--http-server", server, "--engine", engine], tree)
 
 
 class Side:
@@ -129,7 +116,7 @@ async def run(trees: list[Path], server: str, n: int, rounds: int, warmup: int) 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs="+", type=Path, help="source trees (each with .venv usable)")
-    p.add_argument("--http-server", default="hypercorn", choices=("hypercorn", "uvicorn"))
+    p.add_argument("--http-server", default="hypercorn", choices=SERVERS)
     p.add_argument("--requests", type=int, default=1000, help="per tree and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=300)
