@@ -5,8 +5,8 @@ Hypercorn's own CPU per keep-alive request is 0.52-0.67 ms here, against 0.1-0.2
 - h11, pure Python, parses every request and builds and validates every response event. Its
   fork compiled with mypyc (PyPI `h11-mypyc`: h11 0.16 re-annotated for mypyc, with a few small
   rewrites such as the obs-fold check, installed as its own module) does the same for about
-  half. Hypercorn's
-  HTTP/1.1 protocol is pointed at it; nothing else in the process changes (httpx keeps h11).
+  half. Hypercorn's HTTP/1.1 protocol is pointed at it; nothing else in the process changes
+  (httpx keeps h11).
   `tests/test_hypercorn_tuning.py` checks the two give the same events, errors and bytes.
 - The keep-alive timer: around every request Hypercorn cancels and awaits one task and creates
   another running `asyncio.wait_for` (itself a second task and a timer). `LazyIdleTask` arms that
