@@ -2,9 +2,10 @@
 
 Both services (render, router) serve through this one function, so the HTTP server is a setting,
 not a fork in the code. Hypercorn is the default the issues specify. uvicorn with httptools (llhttp,
-C) parses a request for a fraction of h11's (pure Python) CPU — ~0.1-0.2 ms against ~0.5-0.7 ms per
-request here, measured side by side (docs/benchmarks.md) — so `--http-server uvicorn` is offered to
-deployments where per-request CPU matters most. Everything above the server (routes, raw ASGI SSE
+C) parses a request for a fraction of h11's CPU — ~0.1-0.2 ms of server CPU per request here against
+~0.35-0.5 ms for tuned Hypercorn and ~0.5-0.7 ms for stock, measured side by side
+(docs/benchmarks.md, "Hypercorn tuned") — so `--http-server uvicorn` is offered to deployments
+where per-request CPU matters most. Everything above the server (routes, raw ASGI SSE
 writes, disconnect detection, draining) is plain ASGI and behaves the same on both.
 """
 
