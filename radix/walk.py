@@ -49,8 +49,7 @@ def _values(nodes: dict[int, int], keys: list[int], need_all: bool) -> Sequence[
             found: tuple[int, ...] = itemgetter(*keys)(nodes)  # C-level, cheaper than map(get)
             return found
         except KeyError as missing:
-            if not need_all:
-                return list(map(nodes.get, keys[: keys.index(missing.args[0]) + 1]))
+            return list(map(nodes.get, keys[: keys.index(missing.args[0]) + 1]))
     return list(map(nodes.get, keys))
 
 

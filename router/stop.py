@@ -42,18 +42,15 @@ class StopChecker:
     )
 
     def __init__(self, stops: Sequence[str], *, include_in_output: bool, min_tokens: int = 0):
-        self._stops = tuple(s for s in stops if s) if stops else ()
+        self._stops = tuple(s for s in stops if s)
         self._include = include_in_output
         # Every proper prefix of every stop string, keyed by its last character, longest first:
         # most tokens are released after one dict lookup, the rest after one endswith or two.
-        self._by_last: dict[str, tuple[str, ...]] = {}
-        if self._stops:  # most requests have none: skip building nothing
-            by_last: dict[str, set[str]] = {}
-            for s in self._stops:
-                for k in range(1, len(s)):
-                    by_last.setdefault(s[k - 1], set()).add(s[:k])
-            self._by_last = {c: tuple(sorted(ps, key=len, reverse=True))
-                             for c, ps in by_last.items()}
+        by_last: dict[str, set[str]] = {}
+        for s in self._stops:
+            for k in range(1, len(s)):
+                by_last.setdefault(s[k - 1], set()).add(s[:k])
+        self._by_last = {c: tuple(sorted(ps, key=len, reverse=True)) for c, ps in by_last.items()}
         self._pending = ""
         self._released = 0  # characters released before _pending starts
         self._num_tokens = 0
