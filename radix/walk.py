@@ -60,12 +60,18 @@ def walk(
     """One pass over the prompt's blocks for every engine of this block size: each engine
     leaves the walk at the first block it lacks, so the cost is O(blocks + engines).
 
-    All the prompt's keys are hashed at once (vectorised; the note_routed that follows a routing
-    decision needs them all anyway), then looked up by C-level passes that stop at the first
-    block nobody holds when no optimistic entries exist.
+    A prompt whose first block nobody holds (a cold prompt) is answered from that block's key
+    alone: the rest are hashed later, by the note_routed that follows the decision, off the
+    request's way to its engine. Otherwise all the keys are hashed at once (vectorised; that
+    note needs them all anyway), then looked up by C-level passes that stop at the first block
+    nobody holds when no optimistic entries exist.
     """
     opt = pending if pending else None
     n = prompt.blocks(size)
+    if n:
+        first = prompt.keys(size, 1)[0]
+        if first not in nodes and (opt is None or not opt.holders(first)):
+            return Walk([(0, engines_mask)], [(0, engines_mask)], [])
     keys = prompt.keys(size, n)
     keys = keys if len(keys) == n else keys[:n]
     values = _values(nodes, keys, opt is not None)
