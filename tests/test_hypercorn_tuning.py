@@ -181,7 +181,7 @@ async def test_idle_keep_alive_connection_closes_after_its_timeout(server: str) 
         # Back-to-back requests on one connection (the tuned timer never arms between them).
         for _ in range(20):
             await _get(reader, writer)
-        timer, parser = hypercorn_tuning.parts_in_use()
+        timer, parser, _ = hypercorn_tuning.parts_in_use()
         tuned = timer is hypercorn_tuning.LazyIdleTask
         assert tuned == (server == "hypercorn")
         assert (parser is h11_mypyc) == (server == "hypercorn")
@@ -296,8 +296,131 @@ async def test_lazy_timer_firing_after_the_connection_ended_is_harmless() -> Non
 
 def test_apply_is_reversible() -> None:
     assert hypercorn_tuning.apply(True)
-    assert hypercorn_tuning.parts_in_use() == (hypercorn_tuning.LazyIdleTask, h11_mypyc)
+    assert hypercorn_tuning.parts_in_use() == (
+        hypercorn_tuning.LazyIdleTask, h11_mypyc, hypercorn_tuning.HeadHoldingH11Protocol)
     assert not hypercorn_tuning.apply(False)
-    timer, parser = hypercorn_tuning.parts_in_use()
+    timer, parser, protocol = hypercorn_tuning.parts_in_use()
     assert timer is not hypercorn_tuning.LazyIdleTask
     assert parser is h11
+    assert protocol is hypercorn_tuning.HeadHoldingH11Protocol.__mro__[1]
+
+
+# ---- the response head written with its body ----------------------------------------------------
+
+async def _scripted(scope: Any, receive: Any, send: Any) -> None:
+    """Answers by the request path: each a way an app sends (or fails to send) a response."""
+    if scope["type"] == "lifespan":
+        await _app(scope, receive, send)
+        return
+    path = scope["path"]
+    if path == "/none":
+        return  # no response at all: the server answers 500
+    status = 204 if path == "/204" else 200
+    unframed = path in ("/chunked", "/raise", "/headonly", "/204")
+    headers = [] if unframed else [(b"content-length", b"5")]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"x-kind", path.encode()), *headers]})
+    if path == "/raise":
+        raise RuntimeError("after the head")
+    if path == "/headonly":
+        return  # started, never finished: the server ends the connection after the head
+    if path == "/204":
+        await send({"type": "http.response.body", "body": b""})
+    elif path == "/chunked":
+        for part in (b"ab", b"", b"cde"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+            await asyncio.sleep(0)  # a stream: its parts in separate loop turns
+        await send({"type": "http.response.body", "body": b""})
+    else:
+        await send({"type": "http.response.body", "body": b"hello"})
+
+
+def _undated(raw: bytes) -> bytes:
+    return b"\r\n".join(line for line in raw.split(b"\r\n") if not line.startswith(b"date: "))
+
+
+async def _exchange(server: str, requests: bytes) -> bytes:
+    """Everything the server sends back for ``requests`` (pipelined), until it closes."""
+    sock, stop = _listen(), asyncio.Event()
+    serving = asyncio.create_task(serve_asgi(
+        _scripted, sock, ServeOptions(server=server, error_log=False), stop.wait))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        writer.write(requests)
+        raw = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+        return raw
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
+
+
+@pytest.mark.parametrize(("paths", "unread"), [
+    # After the close a pipelined request is never read: the server has closed first.
+    (["/plain", "/plain", "/chunked", "/204", "/none"], b"HEAD /plain HTTP/1.1\r\nHost: x\r\n\r\n"),
+    # The head, then the connection ends: the head is not lost.
+    (["/plain", "/raise"], b""),
+    (["/headonly"], b""),
+])
+async def test_held_head_leaves_the_bytes_on_the_wire_unchanged(paths: list[str],
+                                                                unread: bytes) -> None:
+    requests = b"".join(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % p.encode() for p in paths[:-1])
+    requests += b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % paths[-1].encode()
+    tuned = await _exchange("hypercorn", requests + unread)
+    stock = await _exchange("hypercorn-stock", requests + unread)
+    assert tuned.count(b"HTTP/1.1 ") == len(paths)
+    assert _undated(tuned) == _undated(stock)
+
+
+async def test_held_head_goes_out_with_the_body_in_one_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import hypercorn.asyncio.tcp_server as tcp_server
+    from hypercorn.events import RawData
+
+    writes: list[bytes] = []
+    original = tcp_server.TCPServer.protocol_send
+
+    async def counted(self: Any, event: Any) -> None:
+        if isinstance(event, RawData) and event.data:
+            writes.append(bytes(event.data))
+        await original(self, event)
+
+    monkeypatch.setattr(tcp_server.TCPServer, "protocol_send", counted)
+    request = b"GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    for server, expected in (("hypercorn", 1), ("hypercorn-stock", 2)):
+        writes.clear()
+        raw = await _exchange(server, request)
+        assert raw.endswith(b"hello") and len(writes) == expected, (server, writes)
+    assert writes[0].startswith(b"HTTP/1.1 200") and writes[1] == b"hello"
+
+
+async def test_held_head_of_a_waiting_stream_goes_out_within_a_loop_turn() -> None:
+    """An app that starts a response and waits (a stream before its first event): the client has
+    the head while the app still waits."""
+    release = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await release.wait()
+        await send({"type": "http.response.body", "body": b"late"})
+
+    sock, stop = _listen(), asyncio.Event()
+    serving = asyncio.create_task(serve_asgi(
+        app, sock, ServeOptions(server="hypercorn", error_log=False), stop.wait))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200") and not release.is_set()
+        release.set()
+        assert b"late" in await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+    finally:
+        release.set()
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
