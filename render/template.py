@@ -168,10 +168,19 @@ def make_environment() -> ImmutableSandboxedEnvironment:
 
 
 def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
-    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
-    if reasoning is None:
-        return message
-    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    for field in _REASONING_FIELDS:
+        reasoning = message.get(field)
+        if reasoning is not None:
+            return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as transformers hands it to the template: None keys dropped, reasoning aliased.
+    Without None values the message itself (the template cannot change it; no copy per turn)."""
+    if None in message.values():
+        message = {k: v for k, v in message.items() if v is not None}
+    return _alias_reasoning(message)
 
 
 class ChatTemplate:
@@ -198,7 +207,7 @@ class ChatTemplate:
         variables: Mapping[str, Any],
     ) -> str:
         """The prompt text, exactly as transformers' ``apply_chat_template(tokenize=False)``."""
-        chat = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
+        chat = list(map(_template_message, messages))
         final: str | None = None
         if continue_final_message:
             final = self._tag_final(chat)

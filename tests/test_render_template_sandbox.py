@@ -73,3 +73,26 @@ def test_the_refusals_are_the_sandbox_s() -> None:
     for source in ("{{ messages.pop() }}", "{% set ns = namespace(a=1) %}{{ ns.__class__() }}"):
         with pytest.raises(jinja2.exceptions.SecurityError):
             env.from_string(source).render(messages=[{"role": "user", "content": "x"}])
+
+
+def test_messages_reach_the_template_as_transformers_hands_them() -> None:
+    """None keys are dropped (``is defined`` is false, not ``is none``), reasoning is aliased to
+    ``thinking`` and ``reasoning_content``, and the caller's messages are left unchanged."""
+    from render.template import ChatTemplate
+
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.content is defined }}"
+              "{{ m.tools is defined }}:{{ m.thinking | default('-') }}"
+              "{{ m.reasoning_content | default('-') }};{% endfor %}")
+    template = ChatTemplate(source, make_environment())
+    messages: list[dict[str, Any]] = [
+        {"role": "developer", "content": "d", "tools": None},
+        {"role": "assistant", "content": None, "reasoning": "r"},
+        {"role": "assistant", "content": "a", "thinking": "t"},
+        {"role": "user", "content": "u"},
+    ]
+    before = [dict(m) for m in messages]
+    text = template.render(messages, tools=None, documents=None, add_generation_prompt=False,
+                           continue_final_message=False, variables={})
+    assert text == ("developer:TrueFalse:--;assistant:FalseFalse:rr;"
+                    "assistant:TrueFalse:tt;user:TrueFalse:--;")
+    assert messages == before
