@@ -108,7 +108,7 @@ class FastRenderRoute:
 # which is also why one Encoder may serve the loop and the threads).
 def _chat_job(renderer: Renderer, encoder: msgspec.json.Encoder,
               req: ChatCompletionRequest) -> tuple[bytes, int]:
-    out = renderer.render_chat(req)
+    out = renderer.render_chat(req, array=True)
     return encoder.encode(out), len(out.token_ids)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import tokenizers
 
 from render.fast_bpe import PROBES
+from render.token_json import TokenArray, from_buffer
 
 # Plain text around added tokens: what a chat template produces (and its look-alikes in user text).
 _GLUE = ("", " ", "\n", "x", "  ", "\n\n", ":", "你", "\u2581", "<", "|>")
@@ -51,6 +52,11 @@ class FastTokens:
         ids: list[int] = self._native.encode(text, add_special_tokens=False).ids
         return ids
 
+    def encode_array(self, text: str) -> TokenArray:
+        """``encode`` as a uint32 array, with no Python int per token (render.token_json)."""
+        ids, _ = self._native.encode_batch_flat([text], add_special_tokens=False)
+        return from_buffer(ids)
+
     def cache_stats(self) -> dict[str, int]:
         """Segment-cache counters (hits, misses, entries, bytes, ...); empty when it is off."""
         stats = self._native.segment_cache_stats()
@@ -75,5 +81,7 @@ def build(
     # Twice: the second pass goes through the segment cache the first one filled.
     for _ in range(2 if cache_bytes > 0 else 1):
         if [fast.encode(t) for t in texts] != reference:
+            return None
+        if [fast.encode_array(t).tolist() for t in texts] != reference:
             return None
     return fast

@@ -14,6 +14,7 @@ from render.protocol import (
 )
 from render.registry import ModelRegistry
 from render.renderer import Renderer
+from render.token_json import json_encoder
 
 
 class Codecs:
@@ -24,7 +25,8 @@ class Codecs:
         self.completion = msgspec.json.Decoder(CompletionRequest)
         self.tokenize = msgspec.json.Decoder(TokenizeRequest)
         self.detokenize = msgspec.json.Decoder(DetokenizeRequest)
-        self.encoder = msgspec.json.Encoder()
+        # Writes token ids held as numpy arrays too (render.token_json), as lists are written.
+        self.encoder = json_encoder()
 
 
 def load_models(cfg: ServerConfig) -> ModelRegistry:

@@ -60,7 +60,7 @@ class Unsendable(Exception):
 
 
 def _chat(renderer: Renderer, req: Any) -> tuple[object, int]:
-    out = renderer.render_chat(req)
+    out = renderer.render_chat(req, array=True)
     return out, len(out.token_ids)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import tokenizers
 from msgspec import UNSET
@@ -33,6 +33,7 @@ from render.protocol import (
     TokenizeResponse,
 )
 from render.template import ChatTemplate, TemplateCache
+from render.token_json import TokenArray, TokenIds, join
 
 if TYPE_CHECKING:
     from render.harmony import HarmonyRenderer
@@ -181,6 +182,17 @@ class Renderer:
             return before + ids + after
         return ids
 
+    def encode_array(self, text: str, add_special_tokens: bool) -> TokenIds:
+        """``encode``, as a uint32 array where fastokens encodes (no Python int per token, for a
+        JSON answer through render.token_json); elsewhere the same list ``encode`` gives."""
+        if self.fast is None or self._mistral is not None:
+            return self.encode(text, add_special_tokens)
+        ids = self.fast.encode_array(text)
+        if add_special_tokens:
+            before, after = self._affixes
+            return join(before, ids, after)
+        return ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -236,12 +248,19 @@ class Renderer:
         )
 
     def chat_token_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """The chat's prompt token ids."""
+        return cast(list[int], self._chat_ids(req, array=False))
+
+    def _chat_ids(self, req: ChatCompletionRequest, *, array: bool) -> TokenIds:
+        """``chat_token_ids``; ``array``: as a uint32 array where the tokenizer gives one (the
+        Jinja families on fastokens), for a JSON answer (render.token_json)."""
         if req.add_generation_prompt and req.continue_final_message:
             raise BadRequestError(
                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
             )
         # vLLM renders gpt-oss with Harmony and tekken models with mistral-common whatever
         # chat_template the request carries; so do we.
+        ids: TokenIds
         if self._harmony is not None:
             ids = self._harmony.render(req)
         elif self._mistral is not None:
@@ -249,19 +268,24 @@ class Renderer:
                 self._template_for(req)  # vLLM still refuses an untrusted request template here
             ids = self._mistral.render(req)
         else:
-            ids = self.encode(self.chat_prompt(req), req.add_special_tokens)
+            encode = self.encode_array if array else self.encode
+            ids = encode(self.chat_prompt(req), req.add_special_tokens)
         return self._truncate(ids, req.truncate_prompt_tokens, req.truncation_side)
 
-    def render_chat(self, req: ChatCompletionRequest) -> GenerateRequest:
+    def render_chat(self, req: ChatCompletionRequest, *, array: bool = False) -> GenerateRequest:
+        """The GenerateRequest for a chat. ``array``: its token_ids may be a uint32 numpy array,
+        for a JSON answer written by ``render.token_json.json_encoder`` (identical bytes); the
+        default is a list (the router's in-process use)."""
         if req.use_beam_search:
             raise BadRequestError("Beam search is not supported by the render endpoint")
         _check_tool_choice(req)
-        ids = self.chat_token_ids(req)
-        if not ids:
+        # Offsets are checked against the ids as a list: an answer with them takes the list.
+        ids = self._chat_ids(req, array=array and not req.return_token_offsets)
+        if len(ids) == 0:
             raise BadRequestError("No token_ids rendered")
         offsets = None
         if req.return_token_offsets and self._harmony is None and self._mistral is None:
-            offsets = self._offsets(self.chat_prompt(req), req, ids)
+            offsets = self._offsets(self.chat_prompt(req), req, cast(list[int], ids))
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -383,7 +407,13 @@ class Renderer:
                 f"Token id {bad[0]} is out of vocabulary (vocab size {limit}).", param
             )
 
-    def _truncate(self, ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    @overload
+    def _truncate(self, ids: list[int], keep: int | None, side: str | None) -> list[int]: ...
+
+    @overload
+    def _truncate(self, ids: TokenArray, keep: int | None, side: str | None) -> TokenArray: ...
+
+    def _truncate(self, ids: TokenIds, keep: int | None, side: str | None) -> TokenIds:
         if keep is None:
             return ids
         n = self.max_model_len if keep == -1 else keep
@@ -394,7 +424,7 @@ class Renderer:
     def _generate(
         self,
         req: ChatCompletionRequest | CompletionRequest,
-        ids: list[int],
+        ids: TokenIds,
         requested: int | None,
         param: str,
         request_id: str,
@@ -425,7 +455,8 @@ class Renderer:
         )
         return GenerateRequest(
             request_id=request_id,
-            token_ids=ids,
+            # A uint32 array only on the JSON-answer path (render_chat(array=True)).
+            token_ids=ids,  # type: ignore[arg-type]
             token_offsets=offsets,
             sampling_params=params,
             model=req.model,

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -171,7 +172,7 @@ async def chat_render(request: Request) -> Response:
     req = st.codecs.chat.decode(body)
     renderer = st.models.get(req.model)
     out: GenerateRequest = await run_render(
-        request, renderer, len(body), renderer.render_chat, req
+        request, renderer, len(body), partial(renderer.render_chat, array=True), req
     )
     st.metrics.add_prompt_tokens(renderer.served_model_name, len(out.token_ids))
     return json_response(request, out)
