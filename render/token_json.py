@@ -31,6 +31,7 @@ else:
 TokenIds: TypeAlias = "list[int] | TokenArray"
 
 _EMPTY = np.zeros(0, dtype=np.uint32)
+_EMPTY.flags.writeable = False  # shared: read-only like the buffer views
 
 
 def from_buffer(buf: bytes) -> TokenArray:

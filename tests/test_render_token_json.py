@@ -27,6 +27,7 @@ def test_an_array_is_written_as_its_list(ids: list[int], cut: int, before: list[
                                          after: list[int]) -> None:
     arr = from_buffer(np.asarray(ids, dtype="<u4").tobytes())
     assert arr.tolist() == ids
+    assert not arr.flags.writeable  # a view of the tokenizer's buffer (or the shared empty one)
     view = arr[cut:] if cut < 0 else arr[:cut]  # a truncated prompt is a view of the buffer
     joined = join(before, arr, after)
     doc: dict[str, Any] = {"request_id": "r", "token_ids": view, "nested": [joined, {"x": arr}],
