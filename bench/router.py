@@ -82,13 +82,16 @@ def start_router(tmp: Path, engines: list[str], *extra: str
     return start_router_flags(flags)
 
 
-def start_router_flags(flags: list[str], tree: Path = ROOT
+def start_router_flags(flags: list[str], tree: Path = ROOT, *,
+                       launcher: list[str] | None = None, env: dict[str, str] | None = None
                        ) -> tuple[subprocess.Popen[bytes], int]:
-    """A `kvroute router` process from the source ``tree`` (default: this one), once ready."""
+    """A `kvroute router` process from the source ``tree`` (default: this one), once ready.
+    ``launcher``: what runs the `kvroute` command line (default ``python -m router.cli``)."""
     port = free_port()
-    args = [PY, "-m", "router.cli", "router", "--port", str(port), "--plain-logs",
-            "--log-level", "WARNING", *flags]
-    proc = subprocess.Popen(args, cwd=tree)
+    head = launcher if launcher is not None else [PY, "-m", "router.cli"]
+    args = [*head, "router", "--port", str(port), "--plain-logs", "--log-level", "WARNING",
+            *flags]
+    proc = subprocess.Popen(args, cwd=tree, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

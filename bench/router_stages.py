@@ -24,7 +24,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -114,11 +113,10 @@ def _serve(argv: list[str]) -> int:
 
 
 async def _run(n: int, warmup: int, server: str) -> None:
-    import httpx
     import msgspec
 
     from bench.httpload import build_request, read_response
-    from bench.router import PY, free_port, spawn_engine
+    from bench.router import PY, spawn_engine, start_router_flags
     from render.sampling import SamplingParams
     from router.config import EngineSpec
     from router.engine_client import EngineClient
@@ -128,24 +126,13 @@ async def _run(n: int, warmup: int, server: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvr-stages-"))
     zero = ("--step-time", "0", "--prefill-time-per-token", "0")
     engines = [spawn_engine(tmp, name, *zero) for name in ("d", "r")]
-    port = free_port()
     out = tmp / "marks.json"
-    router = subprocess.Popen(
-        [PY, __file__, "--serve", "router", "--port", str(port), "--plain-logs", "--log-level",
-         "WARNING", "--http-server", server, "--engine", f"r=ipc://{tmp}/r.hs"],
-        cwd=ROOT, env={**os.environ, "STAGES_OUT": str(out)})
+    # Returns once /ready answers: listening, with its engine connected.
+    router, port = start_router_flags(
+        ["--http-server", server, "--engine", f"r=ipc://{tmp}/r.hs"],
+        launcher=[PY, __file__, "--serve"], env={**os.environ, "STAGES_OUT": str(out)})
     client = EngineClient([link_spec(EngineSpec("d", f"ipc://{tmp}/d.hs"))])
     try:
-        deadline = time.monotonic() + 120
-        while True:  # ready: listening, with its engine connected
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("router did not become ready")
-            await asyncio.sleep(0.2)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         await client.start()
         await client.wait_ready(60)

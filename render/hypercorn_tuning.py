@@ -37,6 +37,7 @@ from importlib.metadata import version
 from types import ModuleType
 from typing import Any
 
+import hypercorn.protocol.h11 as h11_protocol
 from hypercorn.config import Config
 from hypercorn.events import Event, RawData
 from hypercorn.protocol.h11 import H11Protocol
@@ -122,7 +123,7 @@ class HeadHoldingH11Protocol(H11Protocol):
         self._flush: asyncio.Task[None] | None = None
 
     async def _send_h11_event(self, event: Any) -> None:
-        h11 = _protocol_h11()
+        h11 = vars(h11_protocol)["h11"]  # h11_mypyc once tuned (see ``apply``)
         if type(event) is not h11.Response:
             await super()._send_h11_event(event)
             return
@@ -159,12 +160,6 @@ class HeadHoldingH11Protocol(H11Protocol):
         await self._write(event)
 
 
-def _protocol_h11() -> Any:
-    import hypercorn.protocol.h11 as h11_protocol
-
-    return vars(h11_protocol)["h11"]
-
-
 def compiled_h11() -> ModuleType | None:
     """`h11_mypyc` if it imports, else None (serve with h11)."""
     try:
@@ -181,7 +176,6 @@ def apply(tuned: bool = True) -> bool:
     import hypercorn.asyncio.tcp_server as tcp_server
     import hypercorn.asyncio.worker_context as worker_context
     import hypercorn.protocol as protocol
-    import hypercorn.protocol.h11 as h11_protocol
 
     if not tuned:
         vars(tcp_server)["AsyncioSingleTask"] = worker_context.AsyncioSingleTask
@@ -209,7 +203,6 @@ def parts_in_use() -> tuple[object, ModuleType, type]:
     serving uses now."""
     import hypercorn.asyncio.tcp_server as tcp_server
     import hypercorn.protocol as protocol
-    import hypercorn.protocol.h11 as h11_protocol
 
     return (vars(tcp_server)["AsyncioSingleTask"], vars(h11_protocol)["h11"],
             vars(protocol)["H11Protocol"])
