@@ -111,18 +111,21 @@ def spawn_engine(tmp: Path, name: str, *flags: str) -> subprocess.Popen[bytes]:
 
 # ---- (b) added TTFT ----------------------------------------------------------------------------
 
-async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn") -> dict[str, float]:
+async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn",
+                 floors: tuple[str, ...] = ()) -> dict[str, float]:
     """Two identical sim engine processes (zero engine time): one behind the bench's own
     EngineClient (direct), one behind a `kvroute router` process. Requests alternate one by one
-    between the paths (the order flips every pair), so this shared machine's load drifts hit
-    both alike; ``warmup`` pairs first. Token-in: the same 256 token ids both ways, over
+    between the paths (the order rotates every request), so this shared machine's load drifts
+    hit both alike; ``warmup`` pairs first. Token-in: the same 256 token ids both ways, over
     `/inference/v1/generate`. Chat: `/v1/chat/completions` through the router (render included)
-    against the tokens its render gives, sent direct."""
+    against the tokens its render gives, sent direct. ``floors``: bench/router_floor.py servers
+    (each with its own identical engine) take their turn with the token-in requests too."""
     tmp = Path(tempfile.mkdtemp(prefix="kvr-bench-b-"))
     # Zero engine time: what is left is transport + the router itself.
     zero = ("--step-time", "0", "--prefill-time-per-token", "0")
-    engines = [spawn_engine(tmp, name, *zero) for name in ("d", "r")]
+    engines = [spawn_engine(tmp, name, *zero) for name in ("d", "r", *floors)]
     router, port = start_router(tmp, ["r"], "--http-server", http_server)
+    floor_procs = {name: start_floor(name, f"ipc://{tmp}/{name}.hs") for name in floors}
     client = EngineClient([link_spec(EngineSpec("d", f"ipc://{tmp}/d.hs"))])
     proc = psutil.Process(router.pid)
     rng = random.Random(0)
@@ -131,6 +134,8 @@ async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn") -> di
         await client.start()
         await client.wait_ready(60)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        floor_conns = {name: await asyncio.open_connection("127.0.0.1", fport)
+                       for name, (_, fport) in floor_procs.items()}
 
         async def direct(rid: str, ids: list[int]) -> float:
             t0 = time.perf_counter()
@@ -140,29 +145,32 @@ async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn") -> di
             await stream.collect()
             return time.perf_counter() - t0
 
-        async def routed(path: str, body: bytes) -> float:
+        async def routed(path: str, body: bytes, who: str = "r") -> float:
+            r, w = (reader, writer) if who == "r" else floor_conns[who]
             t0 = time.perf_counter()
-            writer.write(build_request("127.0.0.1", port, "POST", path, body))
-            status, data = await read_response(reader)
+            w.write(build_request("127.0.0.1", port, "POST", path, body))
+            status, data = await read_response(r)
             assert status == 200, data[:300]
             return time.perf_counter() - t0
 
         for kind in ("token_in", "chat"):
             # Bodies (and, for chat, the rendered tokens) are built before the timed loop.
             work = [_b_request(kind, i, rng, port) for i in range(warmup + n)]
-            d_lat: list[float] = []
-            r_lat: list[float] = []
+            paths = ["d", "r", *(floors if kind == "token_in" else ())]
+            lat: dict[str, list[float]] = {who: [] for who in paths}
+            d_lat, r_lat = lat["d"], lat["r"]
             cpu0 = 0.0
             for i, (path, body, ids) in enumerate(work):
                 if i == warmup:
                     cpu0 = sum(proc.cpu_times()[:2])
-                for who in ("d", "r") if i % 2 == 0 else ("r", "d"):
+                turn = i % len(paths)
+                for who in paths[turn:] + paths[:turn]:
                     if who == "d":
                         took = await direct(f"d-{kind}-{i}", ids)
                     else:
-                        took = await routed(path, body)
+                        took = await routed(path, body, who)
                     if i >= warmup:
-                        (d_lat if who == "d" else r_lat).append(took)
+                        lat[who].append(took)
             cpu = (sum(proc.cpu_times()[:2]) - cpu0) / n
             d50, r50 = statistics.median(d_lat), statistics.median(r_lat)
             diffs = [r - d for r, d in zip(r_lat, d_lat, strict=True)]
@@ -174,16 +182,34 @@ async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn") -> di
                     # The router's own CPU per request (HTTP in, [render,] route, ADD, output,
                     # HTTP out): what it adds to TTFT on an idle machine.
                     f"{kind}_router_cpu_ms_per_request": cpu * 1e3}
+            for name in paths[2:]:
+                out[f"{kind}_floor_{name}_added_p50_ms"] = (statistics.median(lat[name])
+                                                            - d50) * 1e3
         writer.close()
+        for _, w in floor_conns.values():
+            w.close()
     finally:
         await client.close()
-        router.terminate()
-        router.wait(30)
+        for fproc in [router, *(fp for fp, _ in floor_procs.values())]:
+            fproc.terminate()
+            fproc.wait(30)
         for e in engines:
             e.terminate()
             e.wait(30)
     out["load_average_1m"] = os.getloadavg()[0]
     return out
+
+
+def start_floor(server: str, engine: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A bench/router_floor.py server in front of ``engine``, once linked and listening."""
+    port = free_port()
+    proc = subprocess.Popen([PY, str(ROOT / "bench" / "router_floor.py"), "--server", server,
+                             "--engine", engine, "--port", str(port)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"floor server {server!r} did not start")
+    return proc, port
 
 
 def _b_request(kind: str, i: int, rng: random.Random,
@@ -492,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the router's HTTP server in part (b)")
     p.add_argument("--requests", type=int, default=640)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")
+    p.add_argument("--floors", default="",
+                   help="(b): also time bench/router_floor.py servers, e.g. raw,hypercorn,uvicorn")
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--tenants", type=int, default=24)
     p.add_argument("--concurrency", type=int, default=32)
@@ -521,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     if "b" in parts:
         print(f"(b) added TTFT: router vs straight to an identical engine (max_tokens=1, "
               f"{a.b_requests} interleaved pairs per path kind)")
-        results["b"] = asyncio.run(part_b(a.b_requests, http_server=a.http_server))
+        floors = tuple(f for f in a.floors.split(",") if f)
+        results["b"] = asyncio.run(part_b(a.b_requests, http_server=a.http_server,
+                                          floors=floors))
         b = results["b"]
         for kind in ("token_in", "chat"):
             print(f"  {kind:<8} " + json.dumps({k[len(kind) + 1:]: round(v, 3)
