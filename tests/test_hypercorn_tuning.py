@@ -13,7 +13,7 @@ from typing import Any
 import h11
 import h11_mypyc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from render import hypercorn_tuning
@@ -181,10 +181,11 @@ async def test_idle_keep_alive_connection_closes_after_its_timeout(server: str) 
         # Back-to-back requests on one connection (the tuned timer never arms between them).
         for _ in range(20):
             await _get(reader, writer)
-        timer, parser, _ = hypercorn_tuning.parts_in_use()
+        timer, parser, _, group = hypercorn_tuning.parts_in_use()
         tuned = timer is hypercorn_tuning.LazyIdleTask
         assert tuned == (server == "hypercorn")
         assert (parser is h11_mypyc) == (server == "hypercorn")
+        assert (group is hypercorn_tuning.LeanTaskGroup) == (server == "hypercorn")
         t0 = time.monotonic()
         assert await asyncio.wait_for(reader.read(), 10) == b""  # the server closed it
         idle = time.monotonic() - t0
@@ -297,12 +298,138 @@ async def test_lazy_timer_firing_after_the_connection_ended_is_harmless() -> Non
 def test_apply_is_reversible() -> None:
     assert hypercorn_tuning.apply(True)
     assert hypercorn_tuning.parts_in_use() == (
-        hypercorn_tuning.LazyIdleTask, h11_mypyc, hypercorn_tuning.HeadHoldingH11Protocol)
+        hypercorn_tuning.LazyIdleTask, h11_mypyc, hypercorn_tuning.HeadHoldingH11Protocol,
+        hypercorn_tuning.LeanTaskGroup)
     assert not hypercorn_tuning.apply(False)
-    timer, parser, protocol = hypercorn_tuning.parts_in_use()
+    timer, parser, protocol, group = hypercorn_tuning.parts_in_use()
     assert timer is not hypercorn_tuning.LazyIdleTask
     assert parser is h11
     assert protocol is hypercorn_tuning.HeadHoldingH11Protocol.__mro__[1]
+    assert group is hypercorn_tuning.LeanTaskGroup.__mro__[1]
+
+
+# ---- the app's receive channel: asyncio.Queue's put/get ------------------------------------------
+
+# A script: ("put", value) / ("get", _) start a task; ("cancel", k) cancels the k-th started task
+# (mod the count) if it still runs; ("step", _) runs one loop turn (a waiter can be woken and
+# then cancelled before it resumes); ("run", _) lets the loop run until nothing is ready.
+_op = st.one_of(st.tuples(st.just("put"), st.integers(0, 99)),
+                st.tuples(st.just("get"), st.just(0)),
+                st.tuples(st.just("cancel"), st.integers(0, 30)),
+                st.tuples(st.just("step"), st.just(0)),
+                st.tuples(st.just("run"), st.just(0)))
+
+
+async def _settle() -> None:
+    for _ in range(8):  # wake-ups chain through a few loop turns at most
+        await asyncio.sleep(0)
+
+
+async def _play(make: Any, script: list[tuple[str, int]]) -> list[Any]:
+    """What each started task ended with (a got value, "put", "cancelled" or "pending"), and
+    what is left in the queue, in order."""
+    queue = make()
+    tasks: list[asyncio.Task[Any]] = []
+    for op, arg in script:
+        if op == "put":
+            tasks.append(asyncio.ensure_future(queue.put(arg)))
+        elif op == "get":
+            tasks.append(asyncio.ensure_future(queue.get()))
+        elif op == "cancel" and tasks:
+            tasks[arg % len(tasks)].cancel()
+        elif op == "step":
+            await asyncio.sleep(0)
+        elif op == "run":
+            await _settle()
+    await _settle()
+    ends: list[Any] = []
+    for task in tasks:
+        if not task.done():
+            ends.append("pending")
+            task.cancel()
+        elif task.cancelled():
+            ends.append("cancelled")
+        else:
+            ends.append("put" if task.result() is None else task.result())
+    await _settle()
+    left = []
+    while queue.qsize():
+        left.append(await queue.get())
+    return [ends, left]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 3), st.lists(_op, max_size=40))
+# A getter, then a putter, woken and cancelled before it resumes: the wake-up must pass on.
+@example(0, [("get", 0), ("get", 0), ("run", 0), ("put", 5), ("step", 0), ("cancel", 0),
+             ("run", 0)])
+@example(1, [("put", 1), ("put", 2), ("put", 3), ("run", 0), ("get", 0), ("step", 0),
+             ("cancel", 1), ("run", 0)])
+def test_app_channel_behaves_as_asyncio_queue(maxsize: int, script: list[tuple[str, int]]) -> None:
+    """Same script, same outcome for every task (values got, puts done, waits, cancellations)
+    and the same messages left, in the same order."""
+    async def both() -> tuple[list[Any], list[Any]]:
+        lean = await _play(lambda: hypercorn_tuning.AppChannel(maxsize), script)
+        stdlib = await _play(lambda: asyncio.Queue(maxsize), script)
+        return lean, stdlib
+
+    lean, stdlib = asyncio.run(both())
+    assert lean == stdlib
+
+
+async def test_app_channel_bounds_unread_messages() -> None:
+    """The server's put waits while the app has ``maxsize`` messages unread (back-pressure on
+    a request body the app does not read), and resumes as the app reads."""
+    channel = hypercorn_tuning.AppChannel(2)
+    await channel.put(1)
+    await channel.put(2)
+    third = asyncio.ensure_future(channel.put(3))
+    await _settle()
+    assert not third.done()
+    assert await channel.get() == 1
+    await asyncio.wait_for(third, 5)
+    assert [await channel.get(), await channel.get()] == [2, 3]
+
+
+async def test_app_reads_a_large_body_through_the_lean_channel() -> None:
+    """A body in many chunks (more than ``max_app_queue_size`` puts) reaches the app whole."""
+    sizes: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _app(scope, receive, send)
+            return
+        total = 0
+        while True:
+            message = await receive()
+            total += len(message.get("body", b""))
+            await asyncio.sleep(0)  # a slow reader: the channel fills up
+            if not message.get("more_body"):
+                break
+        sizes.append(total)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(str(total))).encode())]})
+        await send({"type": "http.response.body", "body": str(total).encode()})
+
+    sock, stop = _listen(), asyncio.Event()
+    serving = asyncio.create_task(serve_asgi(
+        app, sock, ServeOptions(server="hypercorn", error_log=False), stop.wait))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        body = b"x" * (3 << 20)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), 1 << 14):
+            writer.write(body[i:i + (1 << 14)])
+            await writer.drain()
+        raw = await asyncio.wait_for(reader.read(-1), 20)
+        assert raw.endswith(str(len(body)).encode()) and sizes == [len(body)]
+        assert hypercorn_tuning.parts_in_use()[3] is hypercorn_tuning.LeanTaskGroup
+        writer.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
 
 
 # ---- the response head written with its body ----------------------------------------------------
