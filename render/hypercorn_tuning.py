@@ -25,9 +25,9 @@ Hypercorn's own CPU per keep-alive request is 0.52-0.67 ms here, against 0.1-0.2
   `max_app_queue_size`, FIFO waiters, cancellation as asyncio.Queue's) in one call each;
   `LeanTaskGroup` hands it to the app instead.
 These replace four module attributes of Hypercorn (its protocol's `h11`, its TCP server's timer
-class and task group, its HTTP/1.1 protocol class), so `apply` checks the version they were written against and
-otherwise leaves Hypercorn stock; `--http-server hypercorn-stock` serves it stock on purpose, for
-comparison (`apply(False)` puts Hypercorn's own parts back).
+class and task group, its HTTP/1.1 protocol class), so `apply` checks the version they were
+written against and otherwise leaves Hypercorn stock; `--http-server hypercorn-stock` serves it
+stock on purpose, for comparison (`apply(False)` puts Hypercorn's own parts back).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from importlib.metadata import version
 from types import ModuleType
 from typing import Any
 
+import hypercorn.asyncio.task_group as task_group_module
 import hypercorn.protocol.h11 as h11_protocol
-from hypercorn.asyncio.task_group import TaskGroup, _handle
+from hypercorn.asyncio.task_group import TaskGroup
 from hypercorn.config import Config
 from hypercorn.events import Event, RawData
 from hypercorn.protocol.h11 import H11Protocol
@@ -170,6 +171,10 @@ def _wake_first(waiters: deque[asyncio.Future[None]]) -> None:
             return
 
 
+# Hypercorn's per-request app runner (private; `apply` serves stock if a release lacks it).
+_HANDLE: Any = vars(task_group_module).get("_handle")
+
+
 class LeanTaskGroup(TaskGroup):
     """Hypercorn's connection task group with an `AppChannel` as each app's ``receive``."""
 
@@ -182,7 +187,7 @@ class LeanTaskGroup(TaskGroup):
         def call_soon(func: Callable[..., Any], *args: Any) -> Any:
             return asyncio.run_coroutine_threadsafe(func(*args), loop).result()
 
-        self.spawn(_handle, app, config, scope, channel.get, send,
+        self.spawn(_HANDLE, app, config, scope, channel.get, send,
                    partial(loop.run_in_executor, None), call_soon)
         return channel.put
 
@@ -267,7 +272,7 @@ def apply(tuned: bool = True) -> bool:
         return False
     hv = version("hypercorn")
     if not hv.startswith(TUNED_VERSIONS) or "AsyncioSingleTask" not in vars(tcp_server) \
-            or "TaskGroup" not in vars(tcp_server) \
+            or "TaskGroup" not in vars(tcp_server) or _HANDLE is None \
             or "h11" not in vars(h11_protocol) or "H11Protocol" not in vars(protocol):
         log.warning("hypercorn %s is not a version kvroute's tuning was checked on (%s): "
                     "serving it stock", hv, ", ".join(v + "x" for v in TUNED_VERSIONS))
