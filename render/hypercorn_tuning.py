@@ -24,10 +24,15 @@ Hypercorn's own CPU per keep-alive request is 0.52-0.67 ms here, against 0.1-0.2
   and two gets per request. `AppChannel` has the same put/get semantics (bounded by
   `max_app_queue_size`, FIFO waiters, cancellation as asyncio.Queue's) in one call each;
   `LeanTaskGroup` hands it to the app instead.
-These replace four module attributes of Hypercorn (its protocol's `h11`, its TCP server's timer
-class and task group, its HTTP/1.1 protocol class), so `apply` checks the version they were
-written against and otherwise leaves Hypercorn stock; `--http-server hypercorn-stock` serves it
-stock on purpose, for comparison (`apply(False)` puts Hypercorn's own parts back).
+- Every write takes the connection's send lock and awaits `drain()` (8 Python calls), though
+  the lock is free and the transport took the bytes at once nearly always. `LeanTCPServer`
+  writes straight away when the lock is free, and takes the lock and drains only when the
+  transport buffers bytes or is closing: the same order of bytes and the same back-pressure.
+These replace five module attributes of Hypercorn (its protocol's `h11`, its TCP server's timer
+class and task group, its HTTP/1.1 protocol class, its worker's TCP server class), so `apply`
+checks the version they were written against and otherwise leaves Hypercorn stock;
+`--http-server hypercorn-stock` serves it stock on purpose, for comparison (`apply(False)` puts
+Hypercorn's own parts back).
 """
 
 from __future__ import annotations
@@ -47,8 +52,9 @@ from typing import Any
 import hypercorn.asyncio.task_group as task_group_module
 import hypercorn.protocol.h11 as h11_protocol
 from hypercorn.asyncio.task_group import TaskGroup
+from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.config import Config
-from hypercorn.events import Event, RawData
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol.h11 import H11Protocol
 
 log = logging.getLogger("kvroute.http")
@@ -192,6 +198,26 @@ class LeanTaskGroup(TaskGroup):
         return channel.put
 
 
+class LeanTCPServer(TCPServer):
+    """Hypercorn's connection server, writing without the lock and `drain()` when neither is
+    needed."""
+
+    async def protocol_send(self, event: Event) -> None:
+        if type(event) is not RawData or self.send_lock.locked():
+            await super().protocol_send(event)  # a writer is draining: queue behind it
+            return
+        writer = self.writer
+        try:
+            writer.write(event.data)
+            transport = writer.transport
+            # As stock from here: nothing yielded between the write and taking the lock.
+            if transport.is_closing() or transport.get_write_buffer_size():
+                async with self.send_lock:
+                    await writer.drain()
+        except (ConnectionError, RuntimeError):
+            await self.protocol.handle(Closed())
+
+
 class HeadHoldingH11Protocol(H11Protocol):
     """Hypercorn's HTTP/1.1 protocol with a response's head written together with what follows.
 
@@ -260,6 +286,7 @@ def apply(tuned: bool = True) -> bool:
     Idempotent. False when it serves stock: asked to, or, with a warning, when the installed
     Hypercorn is not one the tuning was checked on."""
     import h11
+    import hypercorn.asyncio.run as run
     import hypercorn.asyncio.tcp_server as tcp_server
     import hypercorn.asyncio.worker_context as worker_context
     import hypercorn.protocol as protocol
@@ -267,18 +294,21 @@ def apply(tuned: bool = True) -> bool:
     if not tuned:
         vars(tcp_server)["AsyncioSingleTask"] = worker_context.AsyncioSingleTask
         vars(tcp_server)["TaskGroup"] = TaskGroup
+        vars(run)["TCPServer"] = TCPServer
         vars(h11_protocol)["h11"] = h11
         vars(protocol)["H11Protocol"] = H11Protocol
         return False
     hv = version("hypercorn")
     if not hv.startswith(TUNED_VERSIONS) or "AsyncioSingleTask" not in vars(tcp_server) \
             or "TaskGroup" not in vars(tcp_server) or _HANDLE is None \
+            or "TCPServer" not in vars(run) \
             or "h11" not in vars(h11_protocol) or "H11Protocol" not in vars(protocol):
         log.warning("hypercorn %s is not a version kvroute's tuning was checked on (%s): "
                     "serving it stock", hv, ", ".join(v + "x" for v in TUNED_VERSIONS))
         return False
     vars(tcp_server)["AsyncioSingleTask"] = LazyIdleTask
     vars(tcp_server)["TaskGroup"] = LeanTaskGroup
+    vars(run)["TCPServer"] = LeanTCPServer
     vars(protocol)["H11Protocol"] = HeadHoldingH11Protocol
     fast = compiled_h11()
     if fast is None:
@@ -288,11 +318,13 @@ def apply(tuned: bool = True) -> bool:
     return True
 
 
-def parts_in_use() -> tuple[object, ModuleType, type, type]:
+def parts_in_use() -> tuple[object, ModuleType, type, type, type]:
     """(keep-alive timer class, h11 module, HTTP/1.1 protocol class, connection task group
-    class): what Hypercorn's HTTP/1.1 serving uses now."""
+    class, connection server class): what Hypercorn's HTTP/1.1 serving uses now."""
+    import hypercorn.asyncio.run as run
     import hypercorn.asyncio.tcp_server as tcp_server
     import hypercorn.protocol as protocol
 
     return (vars(tcp_server)["AsyncioSingleTask"], vars(h11_protocol)["h11"],
-            vars(protocol)["H11Protocol"], vars(tcp_server)["TaskGroup"])
+            vars(protocol)["H11Protocol"], vars(tcp_server)["TaskGroup"],
+            vars(run)["TCPServer"])

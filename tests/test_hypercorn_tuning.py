@@ -181,11 +181,12 @@ async def test_idle_keep_alive_connection_closes_after_its_timeout(server: str) 
         # Back-to-back requests on one connection (the tuned timer never arms between them).
         for _ in range(20):
             await _get(reader, writer)
-        timer, parser, _, group = hypercorn_tuning.parts_in_use()
+        timer, parser, _, group, server_cls = hypercorn_tuning.parts_in_use()
         tuned = timer is hypercorn_tuning.LazyIdleTask
         assert tuned == (server == "hypercorn")
         assert (parser is h11_mypyc) == (server == "hypercorn")
         assert (group is hypercorn_tuning.LeanTaskGroup) == (server == "hypercorn")
+        assert (server_cls is hypercorn_tuning.LeanTCPServer) == (server == "hypercorn")
         t0 = time.monotonic()
         assert await asyncio.wait_for(reader.read(), 10) == b""  # the server closed it
         idle = time.monotonic() - t0
@@ -299,13 +300,14 @@ def test_apply_is_reversible() -> None:
     assert hypercorn_tuning.apply(True)
     assert hypercorn_tuning.parts_in_use() == (
         hypercorn_tuning.LazyIdleTask, h11_mypyc, hypercorn_tuning.HeadHoldingH11Protocol,
-        hypercorn_tuning.LeanTaskGroup)
+        hypercorn_tuning.LeanTaskGroup, hypercorn_tuning.LeanTCPServer)
     assert not hypercorn_tuning.apply(False)
-    timer, parser, protocol, group = hypercorn_tuning.parts_in_use()
+    timer, parser, protocol, group, server = hypercorn_tuning.parts_in_use()
     assert timer is not hypercorn_tuning.LazyIdleTask
     assert parser is h11
     assert protocol is hypercorn_tuning.HeadHoldingH11Protocol.__mro__[1]
     assert group is hypercorn_tuning.LeanTaskGroup.__mro__[1]
+    assert server is hypercorn_tuning.LeanTCPServer.__mro__[1]
 
 
 # ---- the app's receive channel: asyncio.Queue's put/get ------------------------------------------
@@ -502,18 +504,15 @@ async def test_held_head_leaves_the_bytes_on_the_wire_unchanged(paths: list[str]
 
 async def test_held_head_goes_out_with_the_body_in_one_write(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import hypercorn.asyncio.tcp_server as tcp_server
-    from hypercorn.events import RawData
+    writes: list[bytes] = []  # the server's writes to its transport (not the client's request)
+    original = asyncio.StreamWriter.write
 
-    writes: list[bytes] = []
-    original = tcp_server.TCPServer.protocol_send
+    def counted(self: Any, data: Any) -> None:
+        if data and not bytes(data).startswith(b"GET "):
+            writes.append(bytes(data))
+        original(self, data)
 
-    async def counted(self: Any, event: Any) -> None:
-        if isinstance(event, RawData) and event.data:
-            writes.append(bytes(event.data))
-        await original(self, event)
-
-    monkeypatch.setattr(tcp_server.TCPServer, "protocol_send", counted)
+    monkeypatch.setattr(asyncio.StreamWriter, "write", counted)
     request = b"GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     for server, expected in (("hypercorn", 1), ("hypercorn-stock", 2)):
         writes.clear()
@@ -551,3 +550,85 @@ async def test_held_head_of_a_waiting_stream_goes_out_within_a_loop_turn() -> No
         stop.set()
         await asyncio.wait_for(serving, 15)
         sock.close()
+
+
+# ---- writes without the send lock: order, back-pressure, a client that leaves -------------------
+
+async def _serving(app: Any) -> tuple[socket.socket, asyncio.Event, asyncio.Task[None]]:
+    sock, stop = _listen(), asyncio.Event()
+    return sock, stop, asyncio.create_task(serve_asgi(
+        app, sock, ServeOptions(server="hypercorn", error_log=False), stop.wait))
+
+
+async def test_a_reader_that_does_not_read_holds_the_writer_back() -> None:
+    """64 MiB streamed to a client that does not read: the app's sends block well before half of
+    it (the transport's buffer is drained, not grown without bound; here ~6 MiB get out); once
+    the client reads, every byte arrives, in order."""
+    chunk, count = 1 << 16, 1024
+    half_sent, finished = asyncio.Event(), asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(chunk * count).encode())]})
+        for i in range(count):
+            await send({"type": "http.response.body", "body": bytes([i % 251]) * chunk,
+                        "more_body": i < count - 1})
+            if i == count // 2:
+                half_sent.set()
+        finished.set()
+
+    sock, stop, serving = await _serving(app)
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname(), limit=1 << 20)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(half_sent.wait(), 1.5)  # held back: nobody reads
+        assert hypercorn_tuning.parts_in_use()[4] is hypercorn_tuning.LeanTCPServer
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        for i in range(count):
+            assert await asyncio.wait_for(reader.readexactly(chunk), 10) == bytes([i % 251]) * chunk
+        await asyncio.wait_for(finished.wait(), 10)
+        writer.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
+
+
+async def test_a_client_that_leaves_mid_stream_ends_the_stream_quietly() -> None:
+    """The client closes while the app streams: the app is told (http.disconnect), its stream
+    ends, and nothing raises in the server."""
+    errors: list[Any] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    ended = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _app(scope, receive, send)
+            return
+        await receive()  # the (empty) request body
+        gone = asyncio.ensure_future(receive())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        while not gone.done():
+            await send({"type": "http.response.body", "body": b"x" * 4096, "more_body": True})
+            await asyncio.sleep(0)
+        assert gone.result()["type"] == "http.disconnect"
+        ended.set()
+
+    sock, stop, serving = await _serving(app)
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.wait_for(reader.readexactly(1 << 20), 10)
+        writer.close()
+        await asyncio.wait_for(ended.wait(), 10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
+        loop.set_exception_handler(None)
+    assert errors == []
