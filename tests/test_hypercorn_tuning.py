@@ -561,10 +561,11 @@ async def _serving(app: Any) -> tuple[socket.socket, asyncio.Event, asyncio.Task
 
 
 async def test_a_reader_that_does_not_read_holds_the_writer_back() -> None:
-    """64 MiB streamed to a client that does not read: the app's sends block well before half of
-    it (the transport's buffer is drained, not grown without bound; here ~6 MiB get out); once
-    the client reads, every byte arrives, in order."""
-    chunk, count = 1 << 16, 1024
+    """128 MiB streamed to a client that does not read: the app's sends block well before half
+    of it (the transport's buffer is drained, not grown without bound; here ~6 MiB get out, what
+    the two sockets' kernel buffers hold); once the client reads, every byte arrives, in
+    order."""
+    chunk, count = 1 << 16, 2048
     half_sent, finished = asyncio.Event(), asyncio.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
