@@ -4,9 +4,11 @@ and the cached Date header keep Hypercorn's behaviour (idle close, shutdown, one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import socket
 import time
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
@@ -161,6 +163,20 @@ def _listen() -> socket.socket:
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
     return sock
+
+
+@contextlib.asynccontextmanager
+async def _served(app: Any, server: str = "hypercorn") -> AsyncIterator[tuple[str, int]]:
+    """``app`` served on a fresh local socket for the block; yields its address."""
+    sock, stop = _listen(), asyncio.Event()
+    serving = asyncio.create_task(serve_asgi(
+        app, sock, ServeOptions(server=server, error_log=False), stop.wait))
+    try:
+        yield sock.getsockname()
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 15)
+        sock.close()
 
 
 async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -470,19 +486,12 @@ def _undated(raw: bytes) -> bytes:
 
 async def _exchange(server: str, requests: bytes) -> bytes:
     """Everything the server sends back for ``requests`` (pipelined), until it closes."""
-    sock, stop = _listen(), asyncio.Event()
-    serving = asyncio.create_task(serve_asgi(
-        _scripted, sock, ServeOptions(server=server, error_log=False), stop.wait))
-    try:
-        reader, writer = await asyncio.open_connection(*sock.getsockname())
+    async with _served(_scripted, server) as address:
+        reader, writer = await asyncio.open_connection(*address)
         writer.write(requests)
         raw = await asyncio.wait_for(reader.read(-1), 10)
         writer.close()
         return raw
-    finally:
-        stop.set()
-        await asyncio.wait_for(serving, 15)
-        sock.close()
 
 
 @pytest.mark.parametrize(("paths", "unread"), [
@@ -534,31 +543,20 @@ async def test_held_head_of_a_waiting_stream_goes_out_within_a_loop_turn() -> No
         await release.wait()
         await send({"type": "http.response.body", "body": b"late"})
 
-    sock, stop = _listen(), asyncio.Event()
-    serving = asyncio.create_task(serve_asgi(
-        app, sock, ServeOptions(server="hypercorn", error_log=False), stop.wait))
-    try:
-        reader, writer = await asyncio.open_connection(*sock.getsockname())
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        assert head.startswith(b"HTTP/1.1 200") and not release.is_set()
-        release.set()
-        assert b"late" in await asyncio.wait_for(reader.read(-1), 5)
-        writer.close()
-    finally:
-        release.set()
-        stop.set()
-        await asyncio.wait_for(serving, 15)
-        sock.close()
+    async with _served(app) as address:
+        try:
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200") and not release.is_set()
+            release.set()
+            assert b"late" in await asyncio.wait_for(reader.read(-1), 5)
+            writer.close()
+        finally:
+            release.set()
 
 
 # ---- writes without the send lock: order, back-pressure, a client that leaves -------------------
-
-async def _serving(app: Any) -> tuple[socket.socket, asyncio.Event, asyncio.Task[None]]:
-    sock, stop = _listen(), asyncio.Event()
-    return sock, stop, asyncio.create_task(serve_asgi(
-        app, sock, ServeOptions(server="hypercorn", error_log=False), stop.wait))
-
 
 async def test_a_reader_that_does_not_read_holds_the_writer_back() -> None:
     """128 MiB streamed to a client that does not read: the app's sends block well before half
@@ -581,9 +579,8 @@ async def test_a_reader_that_does_not_read_holds_the_writer_back() -> None:
                 half_sent.set()
         finished.set()
 
-    sock, stop, serving = await _serving(app)
-    try:
-        reader, writer = await asyncio.open_connection(*sock.getsockname(), limit=1 << 20)
+    async with _served(app) as address:
+        reader, writer = await asyncio.open_connection(*address, limit=1 << 20)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(half_sent.wait(), 1.5)  # held back: nobody reads
@@ -593,10 +590,6 @@ async def test_a_reader_that_does_not_read_holds_the_writer_back() -> None:
             assert await asyncio.wait_for(reader.readexactly(chunk), 10) == bytes([i % 251]) * chunk
         await asyncio.wait_for(finished.wait(), 10)
         writer.close()
-    finally:
-        stop.set()
-        await asyncio.wait_for(serving, 15)
-        sock.close()
 
 
 async def test_a_client_that_leaves_mid_stream_ends_the_stream_quietly() -> None:
@@ -620,16 +613,13 @@ async def test_a_client_that_leaves_mid_stream_ends_the_stream_quietly() -> None
         assert gone.result()["type"] == "http.disconnect"
         ended.set()
 
-    sock, stop, serving = await _serving(app)
     try:
-        reader, writer = await asyncio.open_connection(*sock.getsockname())
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        await asyncio.wait_for(reader.readexactly(1 << 20), 10)
-        writer.close()
-        await asyncio.wait_for(ended.wait(), 10)
+        async with _served(app) as address:
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(reader.readexactly(1 << 20), 10)
+            writer.close()
+            await asyncio.wait_for(ended.wait(), 10)
     finally:
-        stop.set()
-        await asyncio.wait_for(serving, 15)
-        sock.close()
         loop.set_exception_handler(None)
     assert errors == []
