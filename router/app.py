@@ -136,14 +136,21 @@ class RouterApp(Starlette):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[RAW_SEND] = send
-        fast = self.fast
-        if fast is not None and scope["type"] == "http":
-            opener = fast.take(scope)
-            if opener is not None:
-                scope["app"] = self
-                await fast(opener, scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+        try:
+            fast = self.fast
+            if fast is not None and scope["type"] == "http":
+                opener = fast.take(scope)
+                if opener is not None:
+                    scope["app"] = self
+                    await fast(opener, scope, receive, send)
+                    return
+            await super().__call__(scope, receive, send)
+        finally:
+            # The server's ``send`` is a method of its per-request object, which holds this
+            # scope: left in, the pair is a reference cycle, and the request's stream, channel,
+            # scope and headers (~20 objects) wait for the cyclic collector instead of going at
+            # once (a young-generation pass every ~40 requests, ~1 ms each, here).
+            del scope[RAW_SEND]
 
 
 async def on_overloaded(request: Request, exc: Exception) -> Response:

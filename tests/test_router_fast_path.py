@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,3 +155,41 @@ def test_auth_chunked_and_big_bodies_are_left_to_the_app(cluster: LocalCluster) 
         assert fast.taken == before  # none of these went through the fast path
         ok = http.post("/inference/v1/generate", content=body, headers=AUTH)
         assert ok.status_code == 200 and fast.taken == before + 1
+
+
+SERVER_MODULES = ("hypercorn", "uvicorn", "h11", "starlette", "router", "render")
+
+
+def test_answered_requests_leave_no_reference_cycles(cluster: LocalCluster) -> None:
+    """Every request's server objects (stream, channel, scope, headers) go when it is answered,
+    not at the next cyclic collection: nothing of the server's or the app's is left for the
+    collector, on the fast path (plain and SSE) or through Starlette's stack."""
+    app = cluster._app
+    gen = b'{"request_id": "%s", "token_ids": [5, 6, 7], "sampling_params": {"max_tokens": 2}}'
+    chat = (b'{"model": "Qwen/Qwen3-0.6B", "max_tokens": 3, "stream": true,'
+            b' "messages": [{"role": "user", "content": "hi"}]}')
+    with httpx.Client(base_url=cluster.base_url, timeout=30, headers=AUTH) as http:
+        http.get("/v1/models").raise_for_status()  # the connection and lazy state, made first
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # the collector keeps what it finds, for a look
+        try:
+            for i in range(5):
+                r = http.post("/inference/v1/generate", content=gen % f"cyc-fast-{i}".encode())
+                assert r.status_code == 200, r.text
+                with http.stream("POST", "/v1/chat/completions", content=chat) as r:
+                    assert r.status_code == 200 and b"[DONE]" in r.read()
+                fast, app.fast = app.fast, None  # the same POST through Starlette's stack
+                try:
+                    r = http.post("/inference/v1/generate", content=gen % f"cyc-slow-{i}".encode())
+                    assert r.status_code == 200, r.text
+                finally:
+                    app.fast = fast
+                assert http.get("/v1/models").status_code == 200
+            gc.collect()
+            left = [o for o in gc.garbage
+                    if type(o).__module__.partition(".")[0] in SERVER_MODULES
+                    or (isinstance(o, dict) and "asgi" in o)]  # an ASGI scope
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert not left, sorted({type(o).__qualname__ for o in left})
