@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     runs = [json.loads(path.read_text())["b"] for path in a.runs]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.6 * len(runs)), 4))
     width = 0.8 / len(PATHS)
     for k, (key, label) in enumerate(PATHS):
         name = "token_in_added_p50_ms" if key == "router" else f"token_in_{key}_added_p50_ms"
@@ -35,11 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     ax.plot(range(len(runs)), [r["token_in_direct_p50_ms"] for r in runs], "k^",
             label="direct path p50 (EngineClient, no HTTP)")
     ax.axhline(1.0, color="red", linestyle="--", linewidth=1, label="target: added <= 1 ms")
-    ax.set_xticks(range(len(runs)), [p.stem for p in a.runs], fontsize=8)
+    # A file's trailing run number names its bar group (router_floors_12.json -> "12").
+    ax.set_xticks(range(len(runs)), [p.stem.rpartition("_")[2] or p.stem for p in a.runs],
+                  fontsize=8)
+    ax.set_xlabel("run", fontsize=8)
     ax.set_ylabel("ms (p50)")
     ax.set_title("Added TTFT over sending the tokens straight to the engine, token-in, "
                  "max_tokens=1", fontsize=9)
-    ax.legend(fontsize=7)
+    top = max(max(r["token_in_added_p50_ms"], r["token_in_direct_p50_ms"]) for r in runs)
+    ax.set_ylim(0, top * 1.35)  # headroom: the legend sits above the bars
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     return 0

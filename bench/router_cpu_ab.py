@@ -6,8 +6,8 @@ of its own zero-time sim engine, all alive at once, requests alternating one by 
 
 Each round sends ``--requests`` token-in requests (256 random ids, max_tokens=1) to every tree in
 turn (the order flips every request), so the shared box's load drifts hit all trees alike; per
-round and tree: client p50, the router process's CPU per request and its main (event loop)
-thread's. The medians of the rounds are the result; each tree's router runs from that tree.
+round and tree: client p50 and p99, the router process's CPU per request and its main (event
+loop) thread's. The medians of the rounds are the result; each tree's router runs from that tree.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import msgspec  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
-from bench.router import spawn_engine, start_router_flags  # noqa: E402
+from bench.router import pct, spawn_engine, start_router_flags  # noqa: E402
 from render.asgi_server import SERVERS  # noqa: E402
 
 ZERO = ("--step-time", "0", "--prefill-time-per-token", "0")
@@ -47,7 +47,7 @@ class Side:
         self.engine = spawn_engine(tmp, f"e{k}", *ZERO)
         self.router, self.port = start_router(tree, f"e{k}=ipc://{tmp}/e{k}.hs", server)
         self.proc = psutil.Process(self.router.pid)
-        self.rounds: list[tuple[float, float, float]] = []
+        self.rounds: list[tuple[float, float, float, float]] = []
 
     async def connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -98,16 +98,18 @@ async def run(trees: list[Path], server: str, n: int, rounds: int, warmup: int) 
             for k, side in enumerate(sides):
                 (c0, m0), (c1, m1) = before[k], side.cpu()
                 p50 = statistics.median(lat[k]) * 1e3
-                side.rounds.append((p50, (c1 - c0) / count * 1e3, (m1 - m0) / count * 1e3))
-                print(f"  round {r + 1} {side.tree}: p50 {p50:.3f} ms, CPU "
+                p99 = pct(lat[k], 0.99) * 1e3
+                side.rounds.append((p50, (c1 - c0) / count * 1e3, (m1 - m0) / count * 1e3, p99))
+                print(f"  round {r + 1} {side.tree}: p50 {p50:.3f} ms, p99 {p99:.3f} ms, CPU "
                       f"{side.rounds[-1][1]:.3f} ms/request (main thread "
                       f"{side.rounds[-1][2]:.3f})", flush=True)
         print(f"\n{server}, {rounds} rounds of {n} requests per tree, medians:")
-        print("| tree | client p50 ms | router CPU ms/request | main thread ms/request |")
-        print("|---|---|---|---|")
+        print("| tree | client p50 ms | client p99 ms | router CPU ms/request "
+              "| main thread ms/request |")
+        print("|---|---|---|---|---|")
         for side in sides:
-            cols = [statistics.median(x[j] for x in side.rounds) for j in range(3)]
-            print(f"| {side.tree} | {cols[0]:.3f} | {cols[1]:.3f} | {cols[2]:.3f} |")
+            p50, cpu, main, p99 = (statistics.median(x[j] for x in side.rounds) for j in range(4))
+            print(f"| {side.tree} | {p50:.3f} | {p99:.3f} | {cpu:.3f} | {main:.3f} |")
     finally:
         for side in sides:
             side.close()
