@@ -55,6 +55,7 @@ def _serve(argv: list[str]) -> int:
     import hypercorn.protocol.h11 as h11_protocol
     from hypercorn.events import RawData
 
+    import render.hypercorn_tuning as hypercorn_tuning
     import router.app as app
     import router.engine_client as engine_client
     import router.fast_path as fast_path
@@ -91,8 +92,11 @@ def _serve(argv: list[str]) -> int:
 
     mark_async(h11_protocol.H11Protocol, "handle", "in",
                when=lambda _self, event: isinstance(event, RawData))
-    mark_async(tcp_server.TCPServer, "protocol_send", "write",
-               when=lambda _self, event: isinstance(event, RawData) and bool(event.data))
+    # The tuned server's own protocol_send (render/hypercorn_tuning.py) and the stock one it
+    # falls back to: a request's first write is its mark (later ones are ignored).
+    for server_cls in (tcp_server.TCPServer, hypercorn_tuning.LeanTCPServer):
+        mark_async(server_cls, "protocol_send", "write",
+                   when=lambda _self, event: isinstance(event, RawData) and bool(event.data))
     mark_async(app.RouterApp, "__call__", "app")
     mark_sync(policy.Policy, "decide", "decide", "decided")
     mark_async(engine_client.EngineClient, "_send", "sent", after=True)
