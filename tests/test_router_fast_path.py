@@ -178,7 +178,9 @@ def test_answered_requests_leave_no_reference_cycles(cluster: LocalCluster) -> N
                 assert r.status_code == 200, r.text
                 with http.stream("POST", "/v1/chat/completions", content=chat) as r:
                     assert r.status_code == 200 and b"[DONE]" in r.read()
-                fast, app.fast = app.fast, None  # the same POST through Starlette's stack
+                # The same POST through Starlette's stack, on this connection (``_both`` opens
+                # one per call, and a closed connection's objects are not a request's).
+                fast, app.fast = app.fast, None
                 try:
                     r = http.post("/inference/v1/generate", content=gen % f"cyc-slow-{i}".encode())
                     assert r.status_code == 200, r.text
