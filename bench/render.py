@@ -118,7 +118,7 @@ def start(kind: str, cpus: str, ncpus: int, log_dir: Path) -> Server:
         # kvroute on its default server (Hypercorn, as the issue specifies, with kvroute's
         # tuning), on Hypercorn as released, and on uvicorn.
         http = kind.removeprefix("kvroute-") if kind != "kvroute" else "hypercorn"
-        cmd = [sys.executable, "-m", "render.server", "--port", str(port),
+        cmd = [sys.executable, "-m", "render.service.server", "--port", str(port),
                "--workers", str(ncpus), "--http-server", http]
     elif kind in ("floor-hypercorn", "floor-hypercorn-stock", "floor-uvicorn"):
         # The HTTP server alone: a raw ASGI app answering like a render, without rendering.
@@ -187,7 +187,7 @@ def serve_floor(server: str, port: int) -> int:
     import uvloop
 
     sys.path.insert(0, str(ROOT))
-    from render.asgi_server import ServeOptions, serve_asgi
+    from serving.server import ServeOptions, serve_asgi
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -41,20 +41,20 @@ from router_policies import CharTreePolicy, OraclePolicy  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from radix import PrefixIndex  # noqa: E402
-from render.asgi_server import SERVERS  # noqa: E402
-from render.sampling import SamplingParams  # noqa: E402
-from router.admission import Admission  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
-from router.dispatch import Dispatcher  # noqa: E402
-from router.engine_client import EngineClient  # noqa: E402
-from router.fleet import Fleet, link_spec  # noqa: E402
-from router.kv_subscriber import KVSubscriber  # noqa: E402
-from router.metrics import RouterMetrics  # noqa: E402
-from router.policy import Policy, PolicyConfig  # noqa: E402
-from router.sim.config import KVEventsConfig, default_model_dir  # noqa: E402
-from router.sim.launch import spawn_sim_engine, start_sim_engine  # noqa: E402
-from router.sim.tokens import TokenTable  # noqa: E402
-from router.wire import EngineCoreEventType, EngineCoreRequest  # noqa: E402
+from router.kvfeed.kv_subscriber import KVSubscriber  # noqa: E402
+from router.link.engine_client import EngineClient  # noqa: E402
+from router.obs.metrics import RouterMetrics  # noqa: E402
+from router.routing.admission import Admission  # noqa: E402
+from router.routing.dispatch import Dispatcher  # noqa: E402
+from router.routing.fleet import Fleet, link_spec  # noqa: E402
+from router.routing.policy import Policy, PolicyConfig  # noqa: E402
+from serving.server import SERVERS  # noqa: E402
+from sim.config import KVEventsConfig, default_model_dir  # noqa: E402
+from sim.launch import spawn_sim_engine, start_sim_engine  # noqa: E402
+from sim.tokens import TokenTable  # noqa: E402
+from wire.engine import EngineCoreEventType, EngineCoreRequest  # noqa: E402
+from wire.sampling import SamplingParams  # noqa: E402
 
 PY = sys.executable
 # (c)'s simulated engine speed: slow enough that engine time (a cold ~800-token prompt: 270 ms,
@@ -86,9 +86,9 @@ def start_router_flags(flags: list[str], tree: Path = ROOT, *,
                        launcher: list[str] | None = None, env: dict[str, str] | None = None
                        ) -> tuple[subprocess.Popen[bytes], int]:
     """A `kvroute router` process from the source ``tree`` (default: this one), once ready.
-    ``launcher``: what runs the `kvroute` command line (default ``python -m router.cli``)."""
+    ``launcher``: what runs the `kvroute` command line (default ``python -m kvroute.cli``)."""
     port = free_port()
-    head = launcher if launcher is not None else [PY, "-m", "router.cli"]
+    head = launcher if launcher is not None else [PY, "-m", "kvroute.cli"]
     args = [*head, "router", "--port", str(port), "--plain-logs", "--log-level", "WARNING",
             *flags]
     proc = subprocess.Popen(args, cwd=tree, env=env)

@@ -30,7 +30,7 @@ import psutil  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from bench.router import pct, spawn_engine, start_router_flags  # noqa: E402
-from render.asgi_server import SERVERS  # noqa: E402
+from serving.server import SERVERS  # noqa: E402
 
 ZERO = ("--step-time", "0", "--prefill-time-per-token", "0")
 

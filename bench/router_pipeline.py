@@ -42,8 +42,8 @@ def make_frames(requests: int, steps: int, topk: int | None) -> list[bytes]:
     import numpy as np
     from tokenizers import Tokenizer
 
-    from router.ndarrays import encode_ndarray
-    from router.wire import EngineCoreOutput, EngineCoreOutputs, FinishReason, enc_hook
+    from wire.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason, enc_hook
+    from wire.ndarrays import encode_ndarray
 
     tok = Tokenizer.from_file(str(QWEN3 / "tokenizer.json"))
     ids = tok.encode(TEXT).ids
@@ -72,13 +72,13 @@ def make_frames(requests: int, steps: int, topk: int | None) -> list[bytes]:
 def run_kvroute(frames: list[bytes], requests: int, topk: int | None, fast: bool) -> float:
     from tokenizers import Tokenizer
 
-    from router.detokenize import TokenDecoder
-    from router.engine_outputs import OutputDecoder, decode_engine_outputs
-    from router.pipeline import CHAT, Pipeline, PipelineSpec
-    from router.sse import SSEEncoder
+    from output.detokenize import TokenDecoder
+    from output.pipeline import CHAT, Pipeline, PipelineSpec
+    from output.sse import SSEEncoder
+    from router.link.engine_outputs import OutputDecoder, decode_engine_outputs
 
     td = _decoder(TokenDecoder, Tokenizer)
-    # As router/engine_client.py decodes outputs (logprob arrays by their byte layout, raw
+    # As router/link/engine_client.py decodes outputs (logprob arrays by their byte layout, raw
     # scheduler stats).
     dec = OutputDecoder()
     sse = SSEEncoder()
@@ -259,14 +259,14 @@ def main() -> None:
     anchor = None
     if not args.no_anchor and VLLM_PY.exists():
         anchor = Anchor(frames, cases, args.requests)
-    # The per-id logprob JSON fragments (router/detokenize.py TokenDecoder.token_json) are built
+    # The per-id logprob JSON fragments (output/detokenize.py TokenDecoder.token_json) are built
     # on an id's first use and kept for the router's life. These frames draw top-5 candidates
     # uniformly from all ~151k ids, so the first runs pay a first touch for about half the
     # vocabulary each: one run on cold tables is reported on its own row, then every id's
     # fragments are built (a long-running router's steady state) before the timed repeats.
     from tokenizers import Tokenizer
 
-    from router.detokenize import TokenDecoder
+    from output.detokenize import TokenDecoder
 
     cold = run_kvroute(frames["top-5 logprobs"], args.requests, TOPK, True)
     td = _decoder(TokenDecoder, Tokenizer)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
-from router.policy import Decision, EngineLoad, Policy, PolicyConfig
-from router.sim.engine import SimEngine
-from router.sim.prefix_cache import chain_hashes, namespace_root
+from router.routing.policy import Decision, EngineLoad, Policy, PolicyConfig
+from sim.engine import SimEngine
+from sim.prefix_cache import chain_hashes, namespace_root
 
 STEP = 32  # characters per tree edge
 

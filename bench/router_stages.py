@@ -56,12 +56,12 @@ def _serve(argv: list[str]) -> int:
     from hypercorn.events import RawData
 
     import render.hypercorn_tuning as hypercorn_tuning
-    import router.app as app
-    import router.engine_client as engine_client
-    import router.fast_path as fast_path
-    import router.policy as policy
-    import router.respond as respond
-    from router.cli import main
+    import router.front.app as app
+    import router.front.fast_path as fast_path
+    import router.front.respond as respond
+    import router.link.engine_client as engine_client
+    import router.routing.policy as policy
+    from kvroute.cli import main
 
     marks: list[tuple[str, float]] = []
     now = time.perf_counter
@@ -121,11 +121,11 @@ async def _run(n: int, warmup: int, server: str) -> None:
 
     from bench.httpload import build_request, read_response
     from bench.router import PY, spawn_engine, start_router_flags
-    from render.sampling import SamplingParams
     from router.config import EngineSpec
-    from router.engine_client import EngineClient
-    from router.fleet import link_spec
-    from router.wire import EngineCoreRequest
+    from router.link.engine_client import EngineClient
+    from router.routing.fleet import link_spec
+    from wire.engine import EngineCoreRequest
+    from wire.sampling import SamplingParams
 
     tmp = Path(tempfile.mkdtemp(prefix="kvr-stages-"))
     zero = ("--step-time", "0", "--prefill-time-per-token", "0")
@@ -198,7 +198,7 @@ async def _run(n: int, warmup: int, server: str) -> None:
 def main() -> int:
     if sys.argv[1:2] == ["--serve"]:
         return _serve(sys.argv[2:])
-    from render.asgi_server import SERVERS
+    from serving.server import SERVERS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=1200)

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                   "endpoint": f"ipc://{tmp}/kv-{server}",
                   "replay_endpoint": f"ipc://{tmp}/replay-{server}", "topic": "kv"}
             # The router binds the handshake address; the headless engine connects to it.
-            router = spawn([sys.executable, "-m", "router.cli", "router", "--port",
+            router = spawn([sys.executable, "-m", "kvroute.cli", "router", "--port",
                             str(router_port), "--model", str(MODEL), "--max-model-len", "512",
                             "--plain-logs", "--log-level", "WARNING", "--http-server", server,
                             "--engine", f"vllm0=tcp://127.0.0.1:{hs_port},kv={kv['endpoint']},"

@@ -26,14 +26,14 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from render.sampling import SamplingParams  # noqa: E402
-from router import wire  # noqa: E402
-from router.sim.launch import spawn_sim_engine  # noqa: E402
+from sim.launch import spawn_sim_engine  # noqa: E402
+from wire import engine as wire  # noqa: E402
+from wire.sampling import SamplingParams  # noqa: E402
 
 ANCHOR = r"""
 import sys, time, msgspec, zmq
 sys.path.insert(0, sys.argv[1])
-from router import wire
+from wire import engine as wire
 out_addr, streams, tokens = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 ctx = zmq.Context()
 push = ctx.socket(zmq.PUSH)

@@ -7,7 +7,7 @@
      └── TemplateUnavailableError 400 no chat template / request template not allowed
 
 The HTTP layer renders any of them as ``{"error": {"message", "type", "param", "code": status}}``.
-They pickle whole (a render helper process sends them back: render/offload.py).
+They pickle whole (a render helper process sends them back: render/service/offload.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenAI/vLLM request fields -> ``render.sampling.SamplingParams``, as vLLM's frontend builds them.
+"""OpenAI/vLLM request fields -> ``wire.sampling.SamplingParams``, as vLLM's frontend builds them.
 
 Follows vLLM 0.32: ``get_max_tokens`` (max_tokens defaults to the remaining context, and may not
 exceed it), ``ChatCompletionRequest/CompletionRequest.to_sampling_params`` (request value, else the
@@ -18,7 +18,7 @@ import msgspec
 
 from render.errors import BadRequestError, ContextLengthError
 from render.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from render.sampling import (
+from wire.sampling import (
     OUTPUT_DELTA,
     OUTPUT_FINAL_ONLY,
     SamplingParams,

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from render.sampling import RepetitionDetectionParams, SamplingParams, StructuredOutputsParams
+from wire.sampling import RepetitionDetectionParams, SamplingParams, StructuredOutputsParams
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from render.asgi_server import DEFAULT_SERVER, SERVERS
-from router.policy import POLICIES, PolicyConfig
+from router.routing.policy import POLICIES, PolicyConfig
+from serving.server import DEFAULT_SERVER, SERVERS
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
 
@@ -72,7 +72,7 @@ class RouterConfig:
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server: "hypercorn" (h11) or "uvicorn" (httptools, less CPU per request); see
-    # render/asgi_server.py.
+    # serving/server.py.
     http_server: str = DEFAULT_SERVER
 
     def __post_init__(self) -> None:

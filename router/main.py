@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 
-from render.asgi_server import ServeOptions, bind_socket, serve_asgi
-from router import logs
-from router.app import create_app
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
+from router.front.app import create_app
+from router.obs import logs
+from serving.server import ServeOptions, bind_socket, serve_asgi
 
 
 async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
@@ -36,7 +36,7 @@ async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
         loop.call_soon(on_started)
     # SIGTERM is ours (readiness flips, streams drain, then the server closes), not the server's.
     opts = ServeOptions(server=cfg.http_server, graceful_timeout=cfg.limits.drain_timeout,
-                        error_log=False)  # router.logs configures logging
+                        error_log=False)  # router.obs.logs configures logging
     await serve_asgi(app, sock, opts, shutdown_trigger)
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from router.engine_client import EngineClient, EngineSpec
-from router.kv_subscriber import KVEndpoints, kv_namespace
-from router.wire import EngineReadyResponse
+from router.kvfeed.kv_subscriber import KVEndpoints, kv_namespace
+from router.link.engine_client import EngineClient, EngineSpec
+from wire.engine import EngineReadyResponse
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
@@ -150,7 +150,7 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
             TRANSFORMERS_OFFLINE="1",
         )
     elif kind == "sim":
-        argv = [sys.executable, "-m", "router.cli", "sim-engine"] + common
+        argv = [sys.executable, "-m", "kvroute.cli", "sim-engine"] + common
         for flag, value in sim_flags.items():
             argv += [f"--{flag.replace('_', '-')}", value]
         env["PYTHONPATH"] = str(ROOT)

@@ -19,7 +19,8 @@ READY = re.compile(r"kvroute render: ready on (http://\S+)")
 
 @contextmanager
 def render_server(*args: str, timeout: float = 60.0, workers: int = 1) -> Iterator[str]:
-    """Starts ``python -m render.server --port 0 ARGS``; yields its URL when all workers are up."""
+    """Starts ``python -m render.service.server --port 0 ARGS``; yields its URL when all workers
+    are up."""
     with render_process(*args, timeout=timeout, workers=workers) as (url, _):
         yield url
 
@@ -32,7 +33,8 @@ def render_process(*args: str, timeout: float = 60.0, workers: int = 1,
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "render.server", "--port", "0", "--workers", str(workers), *args],
+        [sys.executable, "-m", "render.service.server", "--port", "0", "--workers", str(workers),
+         *args],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=new_session,
     )

@@ -1,4 +1,4 @@
-"""render.asgi_server on both servers: serves, streams raw ASGI, sees disconnects, drains."""
+"""serving.server on both servers: serves, streams raw ASGI, sees disconnects, drains."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from render.asgi_server import SERVERS, ServeOptions, serve_asgi
+from serving.server import SERVERS, ServeOptions, serve_asgi
 
 
 class App:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from render.http_config import parse_args as parse_render_args
-from router.fleet import link_spec
+from render.service.config import parse_args as parse_render_args
 from router.main import parse as parse_router_args
+from router.routing.fleet import link_spec
 
 pytestmark = pytest.mark.deploy
 
@@ -83,7 +83,7 @@ def test_engine_dials_its_own_handshake_port() -> None:
 
 
 def test_probes_hit_real_routes() -> None:
-    from router.app import PROBES
+    from router.front.app import PROBES
 
     objs = render()
     router = container(objs, "Deployment", "rel-kvroute-router")

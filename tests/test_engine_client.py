@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from radix import PrefixIndex
-from render.sampling import OUTPUT_DELTA, SamplingParams
-from router.engine_client import EngineClient, EngineDeadError, EngineStatus, UtilityCallError
-from router.kv_subscriber import KVSubscriber, kv_namespace
-from router.ndarrays import LogprobRows
-from router.wire import EngineCoreOutput, EngineCoreRequest, FinishReason
+from router.kvfeed.kv_subscriber import KVSubscriber, kv_namespace
+from router.link.engine_client import EngineClient, EngineDeadError, EngineStatus, UtilityCallError
 from tests.engines import EngineProc, NaiveIndex, Tee
+from wire.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from wire.ndarrays import LogprobRows
+from wire.sampling import OUTPUT_DELTA, SamplingParams
 
 
 def make_request(

@@ -12,15 +12,15 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from router.engine_client import (
+from router.link.engine_client import (
     EngineClient,
     EngineDeadError,
     EngineStatus,
     EngineUnavailableError,
 )
-from router.wire import ENGINE_CORE_DEAD, FinishReason
 from tests.engines import EngineProc, make_engine
 from tests.test_engine_client import make_request, random_prompt, tokens
+from wire.engine import ENGINE_CORE_DEAD, FinishReason
 
 DEAD_AFTER = 1.0
 SIM_FLAGS = {"step_time": "0.01", "block_size": "16"}

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from render import hypercorn_tuning
-from render.asgi_server import ServeOptions, serve_asgi
+from serving.server import ServeOptions, serve_asgi
 
 # ---- h11 and h11-mypyc: the same events, errors and bytes ---------------------------------------
 

@@ -15,8 +15,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from router.engine_client import EngineClient
-from router.kv_subscriber import (
+from router.kvfeed.kv_subscriber import (
     KVEndpoints,
     KVSubscriber,
     dial_address,
@@ -24,9 +23,10 @@ from router.kv_subscriber import (
     kv_namespace,
     offset_endpoint,
 )
-from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from router.link.engine_client import EngineClient
 from tests.engines import NaiveIndex, free_tcp_port, make_engine
 from tests.test_engine_client import make_request
+from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 ENC = msgspec.msgpack.Encoder()
 BS = 4

@@ -13,9 +13,9 @@ import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.kv_subscriber import END_SEQ, KVEndpoints, KVSubscriber
-from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+from router.kvfeed.kv_subscriber import END_SEQ, KVEndpoints, KVSubscriber
 from tests.engines import NaiveIndex
+from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
 
 BS = 2
 ENC = msgspec.msgpack.Encoder()

@@ -16,14 +16,14 @@ import msgspec
 import pytest
 from tokenizers import Tokenizer
 
-from render.sampling import OUTPUT_DELTA, SamplingParams
-from router.collect import collect
-from router.detokenize import TokenDecoder
-from router.engine_client import EngineClient
-from router.openai_types import ChatCompletion, ChatLogprobsContent
-from router.pipeline import CHAT, Pipeline, PipelineSpec, merge
-from router.wire import EngineCoreOutput, EngineCoreRequest
+from output.collect import collect
+from output.detokenize import TokenDecoder
+from output.openai_types import ChatCompletion, ChatLogprobsContent
+from output.pipeline import CHAT, Pipeline, PipelineSpec, merge
+from router.link.engine_client import EngineClient
 from tests.engines import EngineProc
+from wire.engine import EngineCoreOutput, EngineCoreRequest
+from wire.sampling import OUTPUT_DELTA, SamplingParams
 
 QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
 

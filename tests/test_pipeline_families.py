@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from router.detokenize import TokenDecoder
+from output.detokenize import TokenDecoder
 
 FIXTURES = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache/kvroute")) / "fixtures"
 FAMILIES = ["deepseek_v3_1", "gemma3", "gpt_oss", "llama3_1", "mistral_nemo", "qwen2_5"]

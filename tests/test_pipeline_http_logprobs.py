@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from router.cluster import ClusterOptions, LocalCluster
+from devtools.cluster import ClusterOptions, LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from router.detokenize import TokenDecoder
-from router.ndarrays import encode_ndarray
-from router.openai_types import (
+from output.detokenize import TokenDecoder
+from output.openai_types import (
     ChatCompletionChunk,
     ChatLogprobs,
     ChatLogprobsContent,
@@ -20,8 +19,9 @@ from router.openai_types import (
     GenerateLogprobs,
     GenerateResponse,
 )
-from router.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
-from router.wire import EngineCoreOutput, EngineCoreOutputs, enc_hook, ext_hook
+from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
+from wire.engine import EngineCoreOutput, EngineCoreOutputs, enc_hook, ext_hook
+from wire.ndarrays import encode_ndarray
 
 QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
 

@@ -20,16 +20,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.detokenize import TokenDecoder
-from router.engine_outputs import OutputDecoder, ReceivedOutputs, decode_engine_outputs
-from router.logprob_frame import FLOOR, float_texts
-from router.logprob_layout import RowLayouts, rows_from_raw
-from router.logprobs import ChoiceLogprobs
-from router.ndarrays import LogprobRows, encode_ndarray
-from router.pipeline import CHAT, Pipeline, PipelineSpec
-from router.wire import EngineCoreOutput, EngineCoreOutputs, ext_hook
+from output.detokenize import TokenDecoder
+from output.logprobs import ChoiceLogprobs
+from output.pipeline import CHAT, Pipeline, PipelineSpec
+from router.link.engine_outputs import OutputDecoder, ReceivedOutputs, decode_engine_outputs
 from tests.test_pipeline_logprobs_json import ENC, LOGPROB, _reference
 from tests.test_pipeline_logprobs_json import decoder as decoder  # the module's fixture
+from wire.engine import EngineCoreOutput, EngineCoreOutputs, ext_hook
+from wire.logprob_frame import FLOOR, float_texts
+from wire.logprob_layout import RowLayouts, rows_from_raw
+from wire.ndarrays import LogprobRows, encode_ndarray
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 

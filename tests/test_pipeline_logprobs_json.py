@@ -18,10 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from router.detokenize import TokenDecoder
-from router.engine_outputs import ReceivedOutputs, decode_engine_outputs
-from router.logprobs import FLOOR, ChoiceLogprobs
-from router.ndarrays import (
+from output.detokenize import TokenDecoder
+from output.logprobs import FLOOR, ChoiceLogprobs
+from output.openai_types import ChatCompletionChunk, ChatLogprobsContent, ChatTopLogprob
+from output.pipeline import CHAT, Pipeline, PipelineSpec
+from router.link.engine_outputs import ReceivedOutputs, decode_engine_outputs
+from wire.engine import EngineCoreOutput, EngineCoreOutputs, enc_hook, ext_hook
+from wire.ndarrays import (
     LogprobRows,
     NdarrayError,
     WireArray,
@@ -29,9 +32,6 @@ from router.ndarrays import (
     encode_ndarray,
     rows_from_wire,
 )
-from router.openai_types import ChatCompletionChunk, ChatLogprobsContent, ChatTopLogprob
-from router.pipeline import CHAT, Pipeline, PipelineSpec
-from router.wire import EngineCoreOutput, EngineCoreOutputs, enc_hook, ext_hook
 
 QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
 ENC = msgspec.msgpack.Encoder(enc_hook=enc_hook)

@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from router.sse import DONE, SSEResponse
+from output.sse import DONE, SSEResponse
 
 TIMEOUT = 10.0
 

@@ -8,7 +8,7 @@ from bisect import bisect_left
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.stop import StopChecker
+from output.stop import StopChecker
 
 
 def _vllm_check(text: str, new: int, stops: list[str], include: bool) -> tuple[str, int] | None:

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from router.collect import collect
-from router.detokenize import TokenDecoder
-from router.engine_errors import EngineDeadError
-from router.pipeline import CHAT, COMPLETION, GENERATE, ParsedDelta, Pipeline, PipelineSpec, merge
-from router.sse import DONE, sse_stream
-from router.wire import EngineCoreOutput, EngineError, FinishReason
+from output.collect import collect
+from output.detokenize import TokenDecoder
+from output.pipeline import CHAT, COMPLETION, GENERATE, ParsedDelta, Pipeline, PipelineSpec, merge
+from output.sse import DONE, sse_stream
+from router.link.engine_errors import EngineDeadError
+from wire.engine import EngineCoreOutput, EngineError, FinishReason
 
 QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
 IM_END = 151645
@@ -147,7 +147,7 @@ def test_stream_and_collected_agree(decoder: TokenDecoder, data: st.DataObject, 
 def _logprobs(rows: list[list[int]]) -> Any:
     import numpy as np
 
-    from router.ndarrays import Logprobs
+    from wire.ndarrays import Logprobs
 
     arr = np.array(rows, dtype=np.int32)
     return Logprobs(arr, np.full(arr.shape, -0.25, dtype=np.float32),
@@ -252,7 +252,7 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
 
 
 def test_collected_raises_on_error(decoder: TokenDecoder) -> None:
-    from router.pipeline import EngineOutputError
+    from output.pipeline import EngineOutputError
 
     outs = [EngineCoreOutput("r", [], finish_reason=int(FinishReason.ERROR))]
     with pytest.raises(EngineOutputError):

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from radix import PrefixIndex, namespace_for, split_event_extra_keys
-from router.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 DATA = Path(__file__).resolve().parent / "data"
 META = json.loads((DATA / "kv_golden.json").read_text())
@@ -42,7 +42,7 @@ DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 def _apply(index: PrefixIndex, engine: str, batch: KVEventBatch) -> None:
-    """What a KV subscriber does with one batch (router/kv_subscriber.py's job, inlined)."""
+    """What a KV subscriber does with one batch (router/kvfeed/kv_subscriber.py's job, inlined)."""
     for ev in batch.events:
         if isinstance(ev, BlockStored):
             salt, residual = split_event_extra_keys(ev.lora_name, ev.extra_keys)

@@ -31,13 +31,13 @@ from render.errors import (
     RenderError,
     TemplateUnavailableError,
 )
-from render.http_config import parse_args
 from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge, handler_for
-from render.http_metrics import RenderMetrics
-from render.loading import Codecs, load_models
-from render.offload import RenderHelper, Unsendable
 from render.protocol import ChatCompletionRequest
-from render.server import Models, RenderCost, render_in
+from render.service.config import parse_args
+from render.service.loading import Codecs, load_models
+from render.service.offload import RenderHelper, Unsendable
+from render.service.server import Models, RenderCost, render_in
+from serving.metrics import RenderMetrics
 from tests.render_proc import render_process, render_server
 
 
@@ -98,7 +98,7 @@ def test_predicted_cheap_renders_inline_only_below_the_size_cap(models: Models) 
     assert _where(models, 60_000, inline_budget_ms=0.0) == "thread"
 
 
-# --- bodies over the inline cap render in a helper process (render/offload.py) ---------------
+# --- bodies over the inline cap render in a helper process (render/service/offload.py) ---
 
 QWEN = "Qwen/Qwen3-0.6B"
 CHAT = "/v1/chat/completions/render"

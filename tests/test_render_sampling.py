@@ -11,7 +11,7 @@ import pytest
 from render import Renderer
 from render.errors import ContextLengthError, RenderError
 from render.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from render.sampling import OUTPUT_DELTA, OUTPUT_FINAL_ONLY, SamplingParams
+from wire.sampling import OUTPUT_DELTA, OUTPUT_FINAL_ONLY, SamplingParams
 
 QWEN3_EOS = 151645  # <|im_end|>: the tokenizer's eos_token
 QWEN3_ENDOFTEXT = 151643  # generation_config's second EOS id

@@ -189,7 +189,7 @@ def test_bad_input_is_openai_error_json(url: str) -> None:
 
 def test_bodies_over_the_inline_cap_answer_as_small_ones(url: str) -> None:
     # Over 64 KiB a body is decoded, rendered and encoded on a render thread: same answers, same
-    # error JSON as on the loop (render/fast_route.py).
+    # error JSON as on the loop (render/service/fast_route.py).
     text = " ".join(f"w{i % 997}x{i % 13}" for i in range(14_000))
     messages = [{"role": "user", "content": text}]
     body = json.dumps({"model": LONG, "messages": messages}).encode()
@@ -256,8 +256,8 @@ def test_metrics_count_requests_errors_and_tokens(url: str) -> None:
 
 
 def test_chat_render_same_answer_with_and_without_content_length(url: str) -> None:
-    """Sized bodies take the raw ASGI route (render/fast_route.py), chunked ones the Starlette
-    app: both must give the same answer and both must be counted."""
+    """Sized bodies take the raw ASGI route (render/service/fast_route.py), chunked ones the
+    Starlette app: both must give the same answer and both must be counted."""
     path = "/v1/chat/completions/render"
     body = json.dumps({"messages": HI, "request_id": "same"}).encode()
     ok = 'route="/v1/chat/completions/render",status="200"'
@@ -333,7 +333,7 @@ async def _helper_metric(reader: asyncio.StreamReader, writer: asyncio.StreamWri
 
 async def test_health_stays_fast_while_a_100k_token_chat_renders(url: str) -> None:
     """The issue's acceptance: /health under 5 ms p99 while a 100k-token chat renders (in the
-    render helper process: render/offload.py). The chats are sent by another process
+    render helper process: render/service/offload.py). The chats are sent by another process
     (tests/chat_sender.py): this one only probes, so its own I/O is not in the probes."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from router.admission import Admission, Overloaded
 from router.config import ConfigError, from_mapping
 from router.main import parse
+from router.routing.admission import Admission, Overloaded
 
 TOML = """
 host = "0.0.0.0"

@@ -1,4 +1,4 @@
-"""router/fast_path.py: the model POSTs served ahead of Starlette answer exactly as the app does."""
+"""router/front/fast_path.py: model POSTs served ahead of Starlette answer as the app does."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from render.asgi_server import SERVERS
-from router.cluster import ClusterOptions, LocalCluster
+from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Limits
-from router.fast_path import FastPath
+from router.front.fast_path import FastPath
+from serving.server import SERVERS
 
 MODEL = "Qwen/Qwen3-0.6B"
 KEY = "sekret"

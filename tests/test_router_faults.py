@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from router.cluster import ClusterOptions, LocalCluster
+from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Limits
 
 MODEL = "Qwen/Qwen3-0.6B"

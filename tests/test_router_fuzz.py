@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.cluster import ClusterOptions, LocalCluster
+from devtools.cluster import ClusterOptions, LocalCluster
 
 MODEL = "Qwen/Qwen3-0.6B"
 

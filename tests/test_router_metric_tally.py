@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from router.metric_tally import FlushFirst, Tallies
-from router.metrics import RouterMetrics
+from router.obs.metric_tally import FlushFirst, Tallies
+from router.obs.metrics import RouterMetrics
 
 BUCKETS = (-4, -1, 0, 0.001, 0.5, 1, 2.5)
 values = st.one_of(st.sampled_from(BUCKETS), st.floats(-10, 10, allow_nan=False))

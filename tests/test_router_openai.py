@@ -12,9 +12,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from render.asgi_server import SERVERS
+from devtools.cluster import ClusterOptions, LocalCluster
 from render.models import __file__ as _models_init
-from router.cluster import ClusterOptions, LocalCluster
+from serving.server import SERVERS
 
 SYSTEM = "You are a terse assistant that answers in one sentence. " * 6
 
@@ -235,7 +235,7 @@ def test_bad_inputs_are_openai_4xx(cluster: LocalCluster, model: str) -> None:
 assert _models_init
 
 
-# --- /v1/completions with several prompts (router/multi_prompt.py) ---
+# --- /v1/completions with several prompts (router/front/multi_prompt.py) ---
 
 MULTI_PROMPTS = ["The router keeps a prefix index so that", "Engines report their KV cache as",
            "A third prompt, about detokenization, says"]

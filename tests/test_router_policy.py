@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.policy import Decision, EngineLoad, NoEngineError, Policy, PolicyConfig
+from router.routing.policy import Decision, EngineLoad, NoEngineError, Policy, PolicyConfig
 
 BLOCK = 4
 

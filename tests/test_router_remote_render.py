@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-from router.cluster import ClusterOptions, LocalCluster
+from devtools.cluster import ClusterOptions, LocalCluster
 from tests.render_proc import render_server
 
 MODEL = "Qwen/Qwen3-0.6B"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from router.cluster import ClusterOptions, LocalCluster
+from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import EngineSpec
 from tests.engines import TINY_MODEL, EngineProc
 

@@ -14,12 +14,12 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from render.sampling import SamplingParams
-from router import wire
-from router.ndarrays import decode_logprobs
-from router.sim.config import KVEventsConfig, default_model_dir
-from router.sim.launch import SimEngineThread, sim_engines, spawn_sim_engine, start_sim_engine
-from router.sim.tokens import TokenTable
+from sim.config import KVEventsConfig, default_model_dir
+from sim.launch import SimEngineThread, sim_engines, spawn_sim_engine, start_sim_engine
+from sim.tokens import TokenTable
+from wire import engine as wire
+from wire.ndarrays import decode_logprobs
+from wire.sampling import SamplingParams
 
 TIMEOUT_MS = 20_000
 EOS = 999

@@ -22,13 +22,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from render.sampling import SamplingParams
-from router import wire
-from router.sim.config import KVEventsConfig, SimConfig
-from router.sim.prefix_cache import BlockPool, chain_hashes, namespace_root
-from router.sim.request import SimRequest
-from router.sim.scheduler import Scheduler
-from router.sim.tokens import TokenTable
+from sim.config import KVEventsConfig, SimConfig
+from sim.prefix_cache import BlockPool, chain_hashes, namespace_root
+from sim.request import SimRequest
+from sim.scheduler import Scheduler
+from sim.tokens import TokenTable
+from wire import engine as wire
+from wire.sampling import SamplingParams
 
 BS = 2
 # A tiny alphabet and short prompts, so prefixes are shared and the pool churns.

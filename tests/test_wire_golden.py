@@ -13,11 +13,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from render.sampling import SamplingParams
-from router.engine_client import decode_engine_outputs
-from router.engine_outputs import ReceivedOutputs
-from router.ndarrays import LogprobRows, Logprobs
-from router.wire import (
+from router.link.engine_client import decode_engine_outputs
+from router.link.engine_outputs import ReceivedOutputs
+from wire.engine import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -29,6 +27,8 @@ from router.wire import (
     enc_hook,
     ext_hook,
 )
+from wire.ndarrays import LogprobRows, Logprobs
+from wire.sampling import SamplingParams
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "wire_golden.json").read_text())
 ENCODER = msgspec.msgpack.Encoder(enc_hook=enc_hook)

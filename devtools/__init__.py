@@ -1,0 +1,1 @@
+"""Development tooling: a local cluster of router + simulated engines, and the demo."""

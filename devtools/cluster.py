@@ -1,0 +1,199 @@
+"""A local fleet for the demo, tests and benchmarks: the router on its own loop + sim engines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from router.config import EngineSpec, Limits, RouterConfig
+from router.main import serve
+from router.routing.policy import PolicyConfig
+from serving.server import DEFAULT_SERVER, bind_socket
+from sim.config import KVEventsConfig, default_model_dir
+from sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
+from sim.tokens import TokenTable
+
+
+@dataclass
+class ClusterOptions:
+    engines: int = 3
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    limits: Limits = field(default_factory=Limits)
+    processes: bool = False  # engines as child processes (killable) instead of threads
+    sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides (step_time, ...)
+    api_key: str | None = None
+    ready_timeout: float = 60.0
+    # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
+    external: tuple[EngineSpec, ...] = ()
+    model: str | None = None  # model dir for the render (default: the embedded Qwen3)
+    render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
+    http_server: str = DEFAULT_SERVER
+
+
+class LocalCluster:
+    """Router (background thread, own event loop) + N sim engines over ipc under a temp dir."""
+
+    def __init__(self, options: ClusterOptions | None = None, workdir: Path | None = None):
+        self.options = options or ClusterOptions()
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="kvroute-")
+        self.dir = workdir or Path(self._tmp.name)  # type: ignore[union-attr]
+        self.names = ([e.name for e in self.options.external] if self.options.external
+                      else [f"engine-{i}" for i in range(self.options.engines)])
+        self.threads: dict[str, SimEngineThread] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.port = 0
+
+    def _address(self, name: str, kind: str) -> str:
+        return f"ipc://{self.dir}/{name}.{kind}"
+
+    def config(self) -> RouterConfig:
+        specs = self.options.external or tuple(
+            EngineSpec(n, self._address(n, "hs")) for n in self.names)
+        model = self.options.model or RouterConfig().model
+        return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
+                            model=model, render_url=self.options.render_url,
+                            limits=self.options.limits, api_key=self.options.api_key,
+                            log_json=False, log_level="WARNING",
+                            http_server=self.options.http_server)
+
+    def kv_config(self, name: str) -> KVEventsConfig:
+        return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                              endpoint=self._address(name, "kv"),
+                              replay_endpoint=self._address(name, "replay"))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        cfg = self.config()
+        sock = bind_socket(cfg.host, 0)
+        self.port = sock.getsockname()[1]
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run_router, args=(cfg, sock, started),
+                                        name="kvroute-router", daemon=True)
+        self._thread.start()
+        if not started.wait(30):
+            raise RuntimeError(f"router did not start: {self._error!r}")
+        tokens = None
+        if not self.options.processes and not self.options.external:
+            tokens = TokenTable.from_model_dir(default_model_dir())
+        if not self.options.external:
+            for name in self.names:
+                self.start_engine(name, tokens)
+        self.wait_ready(self.options.ready_timeout, len(self.names))
+
+    def start_engine(self, name: str, tokens: TokenTable | None = None) -> None:
+        hs = self._address(name, "hs")
+        if self.options.processes:
+            args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
+            for key, value in self.options.sim.items():
+                args += [f"--{key.replace('_', '-')}", str(value)]
+            self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL)
+        else:
+            tokens = tokens or TokenTable.from_model_dir(default_model_dir())
+            self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
+                                                  **self.options.sim)
+
+    def wait_ready(self, timeout: float, engines: int | None = None) -> None:
+        """Until /ready answers and the router sees ``engines`` (default: all) ready."""
+        want = self.options.engines if engines is None else engines
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url, timeout=5) as http:
+            while time.monotonic() < deadline:
+                if self.ready_engines() >= want and http.get("/ready").status_code == 200:
+                    return
+                time.sleep(0.05)  # polling a remote state with a deadline, not synchronising
+        raise TimeoutError(f"{want} engines not ready after {timeout}s")
+
+    def ready_engines(self) -> int:
+        app_state = self.state
+        return len(app_state.fleet.attached) if app_state is not None else 0
+
+    @property
+    def state(self) -> Any:
+        """The running app's live objects (fleet, client, index, ...), once its lifespan ran."""
+        app = getattr(self, "_app", None)
+        return getattr(app.state, "live", None) if app is not None else None
+
+    def _run_router(self, cfg: RouterConfig, sock: Any, started: threading.Event) -> None:
+        import uvloop
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await serve(cfg, sock, self._stop, on_started=started.set, on_app=self._set_app)
+
+        try:
+            uvloop.run(main())
+        except BaseException as exc:  # surfaced by start()/stop()
+            self._error = exc
+            started.set()
+        finally:
+            with contextlib.suppress(OSError):  # already closed if the loop failed early
+                sock.close()
+
+    def _set_app(self, app: Any) -> None:
+        self._app = app
+
+    def begin_shutdown(self) -> None:
+        """What SIGTERM does: readiness flips now, streams drain, then the server closes."""
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+
+    def kill_engine(self, name: str) -> None:
+        """A crash: SIGKILL, no ENGINE_CORE_DEAD (process engines only)."""
+        self.procs[name].kill()
+        self.procs[name].wait(10)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            # A loop already closed: the router shut down on its own (begin_shutdown, drained).
+            with contextlib.suppress(RuntimeError):  # closed between the check and the call
+                self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(30)
+        for t in self.threads.values():
+            t.stop()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def call(self, fn: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine function on the router's loop (e.g. to read or poke its state)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout)
+
+
+def options(**kw: Any) -> ClusterOptions:
+    return dataclasses.replace(ClusterOptions(), **kw)

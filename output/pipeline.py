@@ -1,0 +1,441 @@
+"""The one output pipeline: engine outputs -> detokenize -> stop strings -> parser -> chunks.
+
+Per request one ``Pipeline``; per choice (n > 1 fans out to n engine requests) one ``_Choice``.
+``feed`` turns ONE engine output (all tokens the engine produced for that choice in one step)
+into at most ONE chunk Struct. ``sse_stream`` writes those chunks as SSE events; ``collect``
+folds the very same chunks into the non-stream body (output/collect.py), so the two cannot
+disagree. The parser stage is an explicit seam: ``ParserFactory`` builds a per-choice
+``OutputParser`` (reasoning / tool-call parsers plug in there, as in vLLM's chat serving); with
+none configured the text passes through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import NamedTuple, Protocol
+
+import msgspec
+
+from output.detokenize import Detokenizer, TokenDecoder
+from output.logprobs import ChoiceLogprobs
+from output.openai_types import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    Chunk,
+    Completion,
+    CompletionChoice,
+    DeltaToolCall,
+    GenerateChoice,
+    GenerateLogprobs,
+    GenerateResponse,
+    PromptTokensDetails,
+    Usage,
+)
+from output.stop import StopChecker
+from wire.engine import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
+from wire.ndarrays import LogprobRows, rows_of
+
+CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
+
+
+class EngineOutputError(Exception):
+    """The engine reported a failed request (finish_reason ERROR or an attached error)."""
+
+    def __init__(self, message: str, code: int = 500):
+        super().__init__(message)
+        self.code = code
+
+
+class ParsedDelta(NamedTuple):
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class OutputParser(Protocol):
+    """A chat output parser for one choice (vLLM's reasoning / tool-call parsers' role)."""
+
+    def parse(self, text: str, token_ids: Sequence[int], finished: bool) -> ParsedDelta: ...
+
+
+ParserFactory = Callable[[int], OutputParser]
+
+
+class PipelineSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Everything the pipeline needs to know about one request, fixed when it starts."""
+
+    kind: str  # CHAT | COMPLETION | GENERATE
+    request_id: str
+    model: str
+    created: int
+    prompt_tokens: int
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    min_tokens: int = 0
+    logprobs: int | None = None  # engine top-k; chat top_logprobs, completions logprobs
+    include_usage: bool = False
+    continuous_usage: bool = False
+    return_token_ids: bool = False
+    detokenize: bool = True
+    output_mode: str = "tokens"  # generate only: "tokens" | "text"
+    echo: str | None = None  # completions: prompt text to prepend
+    prompt_tail: tuple[int, ...] = ()  # last prompt tokens, seeding non-byte-level decoding
+    prompt_token_ids: list[int] | None = None  # generate with return_token_ids
+
+
+class _Choice:
+    __slots__ = ("detok", "stop", "logprobs", "parser", "tokens", "finished", "tool_calls",
+                 "fresh", "step", "push")
+
+    def __init__(
+        self, detok: Detokenizer | None, stop: StopChecker, lp: ChoiceLogprobs | None,
+        parser: OutputParser | None,
+    ):
+        self.detok = detok
+        self.stop = stop
+        self.logprobs = lp
+        self.parser = parser
+        self.tokens = 0
+        self.finished = False
+        self.tool_calls = False
+        self.fresh = True  # no output seen yet (prefill stats ride on the first one)
+        # Bound methods for the per-token fast path.
+        self.step = detok.step if detok is not None else None
+        self.push = stop.push_one if stop.active else None
+
+
+class Pipeline:
+    """Turns one request's engine outputs into OpenAI / vLLM-generate chunk Structs."""
+
+    def __init__(
+        self, spec: PipelineSpec, decoder: TokenDecoder, parsers: ParserFactory | None = None
+    ):
+        self.spec = spec
+        self.cached_tokens: int | None = None
+        needs_text = spec.kind != GENERATE or spec.output_mode == "text"
+        detok = spec.detokenize and (needs_text or bool(spec.stop))
+        self._choices = [
+            _Choice(
+                decoder.new(skip_special_tokens=spec.skip_special_tokens,
+                            prompt_tail=spec.prompt_tail) if detok else None,
+                StopChecker(spec.stop if detok else (),
+                            include_in_output=spec.include_stop_str_in_output,
+                            min_tokens=spec.min_tokens),
+                ChoiceLogprobs(decoder, spec.logprobs) if spec.logprobs is not None else None,
+                parsers(i) if parsers is not None and spec.kind == CHAT else None,
+            )
+            for i in range(spec.n)
+        ]
+        self._text_out = needs_text
+        # Token ids alone justify a chunk when the client sees them (logprobs, ids, generate).
+        self._ids_matter = (spec.logprobs is not None or spec.return_token_ids
+                            or spec.kind == GENERATE)
+        # Plain chat (no parser, usage or ids per chunk) has a per-token fast path, with
+        # logprobs or without.
+        plain = (spec.kind == CHAT and detok and parsers is None and not spec.continuous_usage
+                 and not spec.return_token_ids)
+        self._fast = plain and spec.logprobs is None
+        self._fast_lp = plain and spec.logprobs is not None
+        self._fast_cmpl = (spec.kind == COMPLETION and detok and spec.logprobs is None
+                           and not spec.continuous_usage and not spec.return_token_ids)
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self._choices)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens of every choice so far (``usage().completion_tokens`` without the Usage)."""
+        return sum(c.tokens for c in self._choices)
+
+    def usage(self, index: int | None = None) -> Usage:
+        """Whole-request usage, or (``index``) one choice's, for continuous_usage_stats."""
+        spec = self.spec
+        if index is None:
+            completion = sum(c.tokens for c in self._choices)
+        else:
+            completion = self._choices[index].tokens
+        details = None
+        if self.cached_tokens is not None:
+            details = PromptTokensDetails(cached_tokens=self.cached_tokens)
+        return Usage(spec.prompt_tokens, spec.prompt_tokens + completion, completion, details)
+
+    def start(self) -> list[Chunk]:
+        """Chunks sent before any engine output: chat roles, completion echo."""
+        spec = self.spec
+        usage = self.usage(0) if spec.continuous_usage else None
+        if spec.kind == CHAT:
+            return [
+                self._chat_chunk(ChatChunkChoice(i, ChatDelta(role="assistant", content=""),
+                                                 None, None), usage)
+                for i in range(spec.n)
+            ]
+        if spec.kind == COMPLETION and spec.echo:
+            return [
+                Completion(id=spec.request_id, created=spec.created, model=spec.model,
+                           choices=[CompletionChoice(i, spec.echo, None, None)], usage=usage)
+                for i in range(spec.n)
+            ]
+        return []
+
+    def end(self) -> list[Chunk]:
+        """Chunks after every choice finished: the usage chunk if the client asked for it."""
+        spec = self.spec
+        if not spec.include_usage:
+            return []
+        usage = self.usage()
+        if spec.kind == CHAT:
+            return [self._chat_chunk_list([], usage)]
+        if spec.kind == COMPLETION:
+            return [Completion(id=spec.request_id, created=spec.created, model=spec.model,
+                               choices=[], usage=usage)]
+        return [GenerateResponse(request_id=spec.request_id, output_mode=spec.output_mode,
+                                 choices=[], usage=usage)]
+
+    def feed(self, index: int, out: EngineCoreOutput) -> tuple[Chunk | None, bool]:
+        """One engine output of choice ``index`` -> (chunk or None, abort the engine request?).
+
+        ``abort`` is True when the router ended the choice on a stop string while the engine
+        is still generating: the caller must send ABORT (the engine sends nothing more).
+        """
+        choice = self._choices[index]
+        ids = out.new_token_ids
+        if (self._fast and len(ids) == 1 and not choice.fresh and out.finish_reason is None
+                and out.error is None and not choice.finished):
+            # The common case, kept flat: one token of a plain chat stream mid-way.
+            text = choice.step(ids[0])  # type: ignore[misc]
+            if choice.push is not None:
+                text, match = choice.push(text)
+                if match is not None:
+                    choice.tokens += 1
+                    choice.finished = True
+                    spec = self.spec
+                    return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+                        ChatChunkChoice(index, ChatDelta(None, text), None, "stop",
+                                        match.stop)]), True
+            choice.tokens += 1
+            if not text:
+                return None, False
+            spec = self.spec
+            return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+                ChatChunkChoice(index, ChatDelta(None, text), None, None)]), False
+        if (self._fast_lp and len(ids) == 1 and not choice.fresh and out.finish_reason is None
+                and out.error is None and not choice.finished):
+            return self._feed_one_lp(choice, index, out)
+        if (self._fast_cmpl and len(ids) == 1 and not choice.fresh
+                and out.finish_reason is None and out.error is None and not choice.finished):
+            return self._feed_one_cmpl(choice, index, out)
+        return self._feed(choice, index, out)
+
+    def _feed_one_cmpl(self, choice: _Choice, index: int, out: EngineCoreOutput
+                       ) -> tuple[Chunk | None, bool]:
+        """``_feed`` for one token of a plain completions stream, mid-way: same chunk."""
+        text = choice.step(out.new_token_ids[0])  # type: ignore[misc]
+        finish: str | None = None
+        stop_reason = out.stop_reason
+        kept = 1
+        if choice.push is not None:
+            text, match = choice.push(text)
+            if match is not None:
+                kept = min(kept, match.num_tokens_kept)
+                finish, stop_reason = "stop", match.stop
+                choice.finished = True
+        choice.tokens += kept
+        if not text and finish is None:
+            return None, False
+        spec = self.spec
+        return Completion(spec.request_id, spec.created, spec.model, [
+            CompletionChoice(index, text, None, finish, stop_reason)]), finish is not None
+
+    def _feed_one_lp(self, choice: _Choice, index: int, out: EngineCoreOutput
+                     ) -> tuple[Chunk | None, bool]:
+        """``_feed`` for one token of a plain chat stream with logprobs, mid-way: same chunk."""
+        ids = out.new_token_ids
+        text = choice.step(ids[0])  # type: ignore[misc]
+        finish: str | None = None
+        stop_reason = out.stop_reason
+        abort = False
+        if choice.push is not None:
+            text, match = choice.push(text)
+            if match is not None:
+                if match.num_tokens_kept < 1:
+                    ids = ids[: match.num_tokens_kept]
+                finish, stop_reason, abort = "stop", match.stop, True
+                choice.finished = True
+        choice.tokens += len(ids)
+        rows = out.new_logprobs
+        if rows is None:
+            lp = choice.logprobs.chat(ids, None)  # type: ignore[union-attr]
+        elif ids:
+            lp = choice.logprobs.chat_one(  # type: ignore[union-attr]
+                ids[0], rows if type(rows) is LogprobRows else rows_of(rows))
+        else:
+            lp = choice.logprobs.chat(ids, rows_of(rows))  # type: ignore[union-attr]
+        spec = self.spec
+        return ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+            ChatChunkChoice(index, ChatDelta(None, text), ChatLogprobs(lp), finish,
+                            stop_reason)]), abort
+
+    def _feed(self, choice: _Choice, index: int, out: EngineCoreOutput
+              ) -> tuple[Chunk | None, bool]:
+        if choice.finished:
+            return None, False  # e.g. the engine's last step raced our stop-string abort
+        choice.fresh = False
+        if out.error is not None:
+            raise EngineOutputError(out.error.message)
+        engine_finish = out.finish_reason
+        if engine_finish == FinishReason.ERROR:
+            raise EngineOutputError("The engine failed while generating this request.")
+        if self.cached_tokens is None and out.prefill_stats is not None:
+            cached = out.prefill_stats.get("num_cached_tokens")
+            if isinstance(cached, int):
+                self.cached_tokens = cached
+        ids = out.new_token_ids
+        spec = self.spec
+        finish: str | None = None
+        stop_reason = out.stop_reason
+        abort = False
+        text = ""
+        detok = choice.detok
+        if detok is not None:
+            # vLLM leaves the EOS / stop-token text out unless include_stop_str_in_output.
+            n_text = len(ids)
+            if (engine_finish == FinishReason.STOP and n_text
+                    and not spec.include_stop_str_in_output):
+                n_text -= 1
+            stop = choice.stop
+            if stop.active:
+                pieces = [detok.step(ids[i]) for i in range(n_text)]
+                if engine_finish is not None and (tail := detok.flush()):
+                    # Withheld bytes belong to the last token, not to a token of their own.
+                    if pieces:
+                        pieces[-1] += tail
+                    else:
+                        pieces.append(tail)
+                text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
+                if match is not None:
+                    if match.num_tokens_kept < len(ids):
+                        ids = ids[: match.num_tokens_kept]
+                    finish, stop_reason = "stop", match.stop
+                    abort = engine_finish is None
+                elif engine_finish is not None:
+                    text += stop.finish()
+            else:
+                step = detok.step
+                text = "".join([step(ids[i]) for i in range(n_text)]) if n_text != 1 else step(
+                    ids[0])
+                if engine_finish is not None:
+                    text += detok.flush()
+        if finish is None and engine_finish is not None:
+            finish = FINISH_REASON_STRINGS[engine_finish]
+        choice.tokens += len(ids)
+        if finish is not None:
+            choice.finished = True
+        if not text and finish is None and not (ids and self._ids_matter):
+            return None, False
+        if spec.kind == CHAT:
+            return self._chat(index, choice, out, ids, text, finish, stop_reason), abort
+        if spec.kind == COMPLETION:
+            lp = choice.logprobs
+            choice_obj = CompletionChoice(
+                index, text,
+                lp.completion(ids, _rows(out)) if lp is not None else None,
+                finish, stop_reason, list(ids) if spec.return_token_ids else None)
+            usage = self.usage(index) if spec.continuous_usage else None
+            return Completion(id=spec.request_id, created=spec.created, model=spec.model,
+                              choices=[choice_obj], usage=usage), abort
+        return self._generate(index, choice, out, ids, text, finish, stop_reason), abort
+
+    def _chat(
+        self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
+        finish: str | None, stop_reason: int | str | None,
+    ) -> ChatCompletionChunk:
+        spec = self.spec
+        parser = choice.parser
+        if parser is None:
+            delta = ChatDelta(content=text)
+        else:
+            parsed = parser.parse(text, ids, finish is not None)
+            delta = ChatDelta(content=parsed.content, reasoning_content=parsed.reasoning_content,
+                              tool_calls=parsed.tool_calls)
+            choice.tool_calls = choice.tool_calls or bool(parsed.tool_calls)
+            if finish == "stop" and choice.tool_calls:
+                finish = "tool_calls"
+        lp = choice.logprobs
+        logprobs = ChatLogprobs(lp.chat(ids, _rows(out))) if lp is not None else None
+        usage = self.usage(index) if spec.continuous_usage else None
+        token_ids = list(ids) if spec.return_token_ids else None
+        return self._chat_chunk(
+            ChatChunkChoice(index, delta, logprobs, finish, stop_reason, token_ids), usage)
+
+    def _chat_chunk(self, c: ChatChunkChoice, usage: Usage | None) -> ChatCompletionChunk:
+        return self._chat_chunk_list([c], usage)
+
+    def _chat_chunk_list(
+        self, choices: list[ChatChunkChoice], usage: Usage | None
+    ) -> ChatCompletionChunk:
+        spec = self.spec
+        return ChatCompletionChunk(id=spec.request_id, created=spec.created, model=spec.model,
+                                   choices=choices, usage=usage)
+
+    def _generate(
+        self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
+        finish: str | None, stop_reason: int | str | None,
+    ) -> GenerateResponse:
+        spec = self.spec
+        lp = choice.logprobs
+        logprobs: GenerateLogprobs | ChatLogprobs | None = None
+        if lp is not None:
+            rows = _rows(out)
+            logprobs = (ChatLogprobs(lp.chat(ids, rows)) if self._text_out
+                        else GenerateLogprobs(lp.generate(ids, rows)))
+        gen = GenerateChoice(index, finish, stop_reason, list(ids),
+                             text if self._text_out else None, logprobs)
+        usage = self.usage(index) if spec.continuous_usage else None
+        return GenerateResponse(request_id=spec.request_id, output_mode=spec.output_mode,
+                                choices=[gen], usage=usage)
+
+
+def _rows(out: EngineCoreOutput) -> LogprobRows | None:
+    return None if out.new_logprobs is None else rows_of(out.new_logprobs)
+
+
+async def merge(streams: Sequence[AsyncIterator[EngineCoreOutput]]) -> AsyncIterator[
+        tuple[int, EngineCoreOutput]]:
+    """The outputs of n choices as (index, output) in arrival order; the first error wins."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, EngineCoreOutput | None, BaseException | None]] = (
+        asyncio.Queue())
+
+    async def pump(i: int, it: AsyncIterator[EngineCoreOutput]) -> None:
+        try:
+            async for out in it:
+                queue.put_nowait((i, out, None))
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            queue.put_nowait((i, None, exc))
+        else:
+            queue.put_nowait((i, None, None))
+
+    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, item, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if item is None:
+                live -= 1
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,178 @@
+"""The render service's configuration: `kvroute render` flags parsed once into frozen objects."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.server import DEFAULT_SERVER, SERVERS
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "qwen3"
+EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
+DEFAULT_PORT = 8100
+# Bodies up to this many bytes always render on the event loop (~2k tokens). Bigger ones render
+# there too while the model's observed cost predicts at most the inline budget below, else on a
+# thread: the handoff costs ~0.3 ms of CPU, more than a whole 10k-token render on the fast path.
+DEFAULT_OFFLOAD_BYTES = 8192
+DEFAULT_INLINE_BUDGET_MS = 2.0
+# Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
+DEFAULT_INLINE_MAX_BYTES = 65536
+# Hypercorn by default, as the issue specifies; `--http-server uvicorn` (httptools) saves ~0.4 ms
+# of CPU per request, a third to a half of a short render (docs/benchmarks.md, render service).
+DEFAULT_HTTP_SERVER = DEFAULT_SERVER
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One model the service renders for; ``served_model_name`` is what requests select it by."""
+
+    model: Path
+    served_model_name: str
+    tokenizer: Path | None = None
+    chat_template: Path | None = None
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    models: tuple[ModelSpec, ...]
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    workers: int = 1
+    max_body_bytes: int = 32 * 1024 * 1024
+    allow_request_chat_template: bool = False
+    offload_bytes: int = DEFAULT_OFFLOAD_BYTES
+    inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
+    inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
+    render_threads: int = 2
+    render_processes: int = 1
+    access_log: bool = False
+    http_server: str = DEFAULT_HTTP_SERVER
+    switch_interval: float = 0.0005
+
+    @property
+    def default_model(self) -> str:
+        return self.models[0].served_model_name
+
+
+SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len"}
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """``DIR[,served_model_name=N][,tokenizer=DIR][,chat_template=FILE][,max_model_len=N]``."""
+    head, *pairs = text.split(",")
+    fields: dict[str, str] = {"model": head}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in SPEC_KEYS:
+            raise argparse.ArgumentTypeError(
+                f"bad model spec part {pair!r}: "
+                f"expected one of {sorted(SPEC_KEYS - {'model'})}=VALUE"
+            )
+        fields[key] = value
+    if not fields["model"]:
+        raise argparse.ArgumentTypeError(f"model spec {text!r} has no model directory")
+    return _spec(
+        Path(fields["model"]),
+        fields.get("served_model_name"),
+        fields.get("tokenizer"),
+        fields.get("chat_template"),
+        fields.get("max_model_len"),
+    )
+
+
+def _spec(
+    model: Path, name: str | None, tokenizer: str | None, template: str | None, max_len: str | None
+) -> ModelSpec:
+    if max_len is not None and (not max_len.isdigit() or int(max_len) < 1):
+        raise argparse.ArgumentTypeError(
+            f"max_model_len must be a positive integer, not {max_len!r}"
+        )
+    if name is None:
+        name = EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL else str(model)
+    return ModelSpec(
+        model=model,
+        served_model_name=name,
+        tokenizer=Path(tokenizer) if tokenizer else None,
+        chat_template=Path(template) if template else None,
+        max_model_len=int(max_len) if max_len is not None else None,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvroute render",
+        description="GPU-less render service: OpenAI requests -> vLLM GenerateRequests.",
+    )
+    p.add_argument("--model", type=Path, default=EMBEDDED_MODEL,
+                   help="Hugging Face model directory (default: the embedded Qwen3 tokenizer)")
+    p.add_argument("--tokenizer", help="tokenizer directory, if not the model's")
+    p.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
+    p.add_argument("--served-model-name",
+                   help=f"name requests select the model by (embedded: {EMBEDDED_SERVED_NAME})")
+    p.add_argument("--max-model-len", help="context length (default: the model's config.json)")
+    p.add_argument("--add-model", action="append", default=[], type=parse_model_spec,
+                   metavar="SPEC", help="another model: DIR[,served_model_name=N][,tokenizer=DIR]"
+                   "[,chat_template=FILE][,max_model_len=N]; repeatable")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    p.add_argument("--workers", type=int, default=1, help="worker processes sharing the socket")
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
+                   help="larger request bodies are refused with 413")
+    p.add_argument("--allow-request-chat-template", action="store_true",
+                   help="accept a request's own `chat_template` (off: 400)")
+    p.add_argument("--offload-bytes", type=int, default=DEFAULT_OFFLOAD_BYTES,
+                   help="bodies up to this size always render on the event loop")
+    p.add_argument("--inline-budget-ms", type=float, default=DEFAULT_INLINE_BUDGET_MS,
+                   help="bigger bodies render on a thread unless the model's measured cost "
+                        "predicts at most this many ms (0: always on a thread)")
+    p.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
+                   help="bodies above this size always render on a thread")
+    p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
+    p.add_argument("--render-processes", type=int, default=1,
+                   help="helper processes per worker rendering bodies over --inline-max-bytes "
+                        "(each loads its own copy of the models; 0: render them on a thread)")
+    p.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
+                   help="hypercorn (default; with kvroute's tuning, render/hypercorn_tuning.py), "
+                        "hypercorn-stock (as released) or uvicorn (httptools, least CPU)")
+    return p
+
+
+def parse_args(argv: list[str]) -> ServerConfig:
+    """Parses `kvroute render` flags; argparse exits with a usage message on bad input."""
+    p = build_parser()
+    a = p.parse_args(argv)
+    try:
+        primary = _spec(a.model, a.served_model_name, a.tokenizer, a.chat_template, a.max_model_len)
+    except argparse.ArgumentTypeError as e:
+        p.error(str(e))
+    models = (primary, *a.add_model)
+    names = [m.served_model_name for m in models]
+    if len(set(names)) != len(names):
+        p.error(f"served model names must be unique, got {names}")
+    for name, value, low in (("--workers", a.workers, 1), ("--max-body-bytes", a.max_body_bytes, 1),
+                             ("--offload-bytes", a.offload_bytes, 0),
+                             ("--inline-budget-ms", a.inline_budget_ms, 0),
+                             ("--inline-max-bytes", a.inline_max_bytes, 0),
+                             ("--render-threads", a.render_threads, 1),
+                             ("--render-processes", a.render_processes, 0), ("--port", a.port, 0)):
+        if value < low:
+            p.error(f"{name} must be >= {low}, got {value}")
+    return ServerConfig(
+        models=models,
+        host=a.host,
+        port=a.port,
+        workers=a.workers,
+        max_body_bytes=a.max_body_bytes,
+        allow_request_chat_template=a.allow_request_chat_template,
+        offload_bytes=a.offload_bytes,
+        inline_budget_ms=a.inline_budget_ms,
+        inline_max_bytes=a.inline_max_bytes,
+        render_threads=a.render_threads,
+        render_processes=a.render_processes,
+        access_log=a.access_log,
+        http_server=a.http_server,
+    )

@@ -1,0 +1,57 @@
+"""What a render process holds: a ServerConfig's models, found by served name, and its codecs."""
+
+from __future__ import annotations
+
+import msgspec
+
+from render.errors import ModelNotFoundError, RenderError
+from render.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from render.registry import ModelRegistry
+from render.renderer import Renderer
+from render.service.config import ServerConfig
+from render.token_json import json_encoder
+
+
+class Codecs:
+    """One typed decoder per request type and one encoder, built once per process."""
+
+    def __init__(self) -> None:
+        self.chat = msgspec.json.Decoder(ChatCompletionRequest)
+        self.completion = msgspec.json.Decoder(CompletionRequest)
+        self.tokenize = msgspec.json.Decoder(TokenizeRequest)
+        self.detokenize = msgspec.json.Decoder(DetokenizeRequest)
+        # Writes token ids held as numpy arrays too (render.token_json), as lists are written.
+        self.encoder = json_encoder()
+
+
+def load_models(cfg: ServerConfig) -> ModelRegistry:
+    return ModelRegistry([
+        Renderer.load(
+            spec.model,
+            tokenizer=spec.tokenizer,
+            chat_template=str(spec.chat_template) if spec.chat_template else None,
+            served_model_name=spec.served_model_name,
+            max_model_len=spec.max_model_len,
+            allow_request_chat_template=cfg.allow_request_chat_template,
+        )
+        for spec in cfg.models
+    ])
+
+
+def find_model(registry: ModelRegistry, name: str | None) -> Renderer:
+    """The renderer a request names (None: the first); an unknown name is vLLM's 404."""
+    try:
+        return registry.get(name)
+    except ModelNotFoundError:
+        # vLLM's own wording (serve/engine/serving.py), so clients matching on it keep working.
+        raise RenderError(
+            404,
+            f"The model `{name}` does not exist. Valid aliases: {', '.join(registry.names())}.",
+            "NotFoundError",
+            "model",
+        ) from None

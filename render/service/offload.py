@@ -1,0 +1,301 @@
+"""Big renders in a helper process: the encode and JSON encoding that hold the GIL leave the loop's.
+
+A body over ``--inline-max-bytes`` (64 KiB) renders in one of ``--render-processes`` helper
+processes of its serving process. The job sent is (path, body bytes); the answer is (JSON bytes,
+prompt tokens, served model name): the helper decodes, renders and encodes with the same decoders,
+Renderer code and encoder as the serving process, so its JSON is the in-process one byte for byte.
+An error it raises comes back as the same exception (render/errors.py pickles whole) and is
+answered by the same handler (render/http_errors.py).
+
+The render thread (``--render-processes 0``: always) stays the fallback, so no request waits for a
+model load or is lost: until the helpers have loaded their models, while they are respawned after
+one died (the requests it held render again in process), and for an error it could not send back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, NamedTuple
+
+from render.errors import RenderError
+from render.renderer import Renderer
+from render.service.config import ServerConfig
+from render.service.loading import Codecs, find_model, load_models
+from serving.metrics import RenderMetrics
+
+log = logging.getLogger("kvroute.render")
+
+CHAT = "/v1/chat/completions/render"
+COMPLETIONS = "/v1/completions/render"
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+# A helper's start is a model load: as long as a serving process may take (asgi_server's
+# startup_timeout), before the warm-up gives up waiting for its siblings.
+WARM_UP_TIMEOUT = 900.0
+MAX_RETRY_DELAY = 60.0
+
+
+class Rendered(NamedTuple):
+    payload: bytes  # the response JSON
+    tokens: int  # prompt tokens rendered (0 for tokenize / detokenize: not counted)
+    model: str  # the served model name
+
+
+class Unsendable(Exception):
+    """The helper raised an exception that does not survive pickling: the request renders again
+    in process, where the same exception is raised and answered as it always was."""
+
+
+# --- the helper process -----------------------------------------------------------------------
+
+
+def _chat(renderer: Renderer, req: Any) -> tuple[object, int]:
+    out = renderer.render_chat(req, array=True)
+    return out, len(out.token_ids)
+
+
+def _completion(renderer: Renderer, req: Any) -> tuple[object, int]:
+    outs = renderer.render_completion(req)
+    return outs, sum(len(o.token_ids) for o in outs)
+
+
+def _tokenize(renderer: Renderer, req: Any) -> tuple[object, int]:
+    return renderer.tokenize(req), 0
+
+
+def _detokenize(renderer: Renderer, req: Any) -> tuple[object, int]:
+    return renderer.detokenize(req), 0
+
+
+class _Helper:
+    """A helper process's models and codecs: the serving process's, loaded from the same config."""
+
+    def __init__(self, cfg: ServerConfig, barrier: Any) -> None:
+        self.registry = load_models(cfg)
+        self.codecs = c = Codecs()
+        self.barrier = barrier
+        self.jobs: dict[str, tuple[Any, Callable[[Renderer, Any], tuple[object, int]]]] = {
+            CHAT: (c.chat, _chat),
+            COMPLETIONS: (c.completion, _completion),
+            TOKENIZE: (c.tokenize, _tokenize),
+            DETOKENIZE: (c.detokenize, _detokenize),
+        }
+        # A process's first render costs ~50 ms more than the next (template and tokenizer
+        # warm-up): paid here, before the helper reports ready, not by the first big request.
+        for name in self.registry.names():
+            with contextlib.suppress(RenderError):  # a template that refuses this chat
+                self.render(CHAT, c.encoder.encode(
+                    {"model": name, "messages": [{"role": "user", "content": "Hello"}]}))
+
+    def render(self, path: str, body: bytes) -> Rendered:
+        decoder, job = self.jobs[path]
+        req = decoder.decode(body)
+        renderer = find_model(self.registry, req.model)
+        out, tokens = job(renderer, req)
+        return Rendered(self.codecs.encoder.encode(out), tokens, renderer.served_model_name)
+
+
+# A helper process's state: a pool initializer can leave it nowhere else. Never set in the
+# serving process.
+_helper: _Helper | None = None
+
+
+def _init_helper(cfg: ServerConfig, barrier: Any) -> None:
+    global _helper
+    # Ctrl-C reaches the whole process group; the serving process owns shutdown and stops its
+    # helpers itself (a helper dying first would only be respawned mid-shutdown).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # One core per helper (more helpers, more cores): fastokens' BPE thread pool would take the
+    # serving process's core on a small machine, and on a 2-core one it is slower than a single
+    # thread anyway (100k tokens: 2.0 ms wall and 3.1 ms CPU pooled, 1.5 ms single).
+    os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+    threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
+    _helper = _Helper(cfg, barrier)
+
+
+def _exit_with_parent() -> None:
+    """A killed serving process cannot shut its pool down: its helpers must not outlive it."""
+    parent = mp.parent_process()
+    if parent is not None:
+        parent.join()
+        os._exit(0)
+
+
+def _warm_up() -> int:
+    assert _helper is not None
+    # Every helper holds one warm-up until all have loaded: none takes two, so when all warm-ups
+    # are done every process is ready.
+    _helper.barrier.wait(WARM_UP_TIMEOUT)
+    return os.getpid()
+
+
+def _render_job(path: str, body: bytes) -> Rendered:
+    assert _helper is not None
+    try:
+        return _helper.render(path, body)
+    except Exception as exc:
+        # An exception that fails to unpickle in the serving process breaks the whole pool.
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:
+            raise Unsendable(f"{type(exc).__name__}: {exc}") from None
+        raise
+
+
+# --- the serving process ----------------------------------------------------------------------
+
+
+class RenderHelper:
+    """The helper processes of one serving process: started in the background, used once all have
+    loaded their models, respawned when one dies. ``render_processes == 0``: never started."""
+
+    def __init__(self, cfg: ServerConfig, metrics: RenderMetrics) -> None:
+        self.cfg = cfg
+        self.pool: ProcessPoolExecutor | None = None
+        self.pids: tuple[int, ...] = ()  # the helpers of a ready pool
+        self._ready = metrics.helpers_ready.labels(metrics.worker)
+        self._renders = metrics.helper_renders.labels(metrics.worker)
+        self._restarts = metrics.helper_restarts.labels(metrics.worker)
+        self._task: asyncio.Task[None] | None = None
+        self._spawning: asyncio.Future[tuple[ProcessPoolExecutor, list[Future[int]]]] | None = None
+        self._pidfds: list[int] = []
+        self._up = asyncio.Event()
+        self._closed = False
+
+    def start(self) -> None:
+        if self.cfg.render_processes > 0:
+            self._task = asyncio.create_task(self._start(), name="render-helper-start")
+
+    async def wait_ready(self) -> None:
+        """Returns once every helper has loaded its models (again, after a respawn)."""
+        await self._up.wait()
+
+    async def render(self, path: str, body: bytes) -> Rendered | None:
+        """``body`` rendered in a helper if it is big and the helpers are ready; None: render it in
+        process (small body, no helper ready, the helper died, or its error could not be sent)."""
+        pool = self.pool
+        if len(body) <= self.cfg.inline_max_bytes or not self.pids or pool is None:
+            return None
+        try:
+            out = await asyncio.wrap_future(pool.submit(_render_job, path, body))
+        except BrokenProcessPool:
+            log.warning("render helper died with a request in flight: it renders in process; "
+                        "respawning the helper")
+            self._lost(pool)
+            return None
+        except Unsendable as exc:
+            log.error("render helper could not send back its error (%s): rendering in process",
+                      exc)
+            return None
+        except Exception:
+            self._renders.inc()  # an error answer is a helper render too
+            raise
+        self._renders.inc()
+        return out
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._spawning is not None:
+            # Processes spawned while closing: shut down with the rest.
+            with contextlib.suppress(Exception):
+                self.pool, _ = await self._spawning
+        self._forget()
+        if self.pool is not None:
+            # Waits for each helper's job in hand (or model load) to end: no orphan processes.
+            await asyncio.to_thread(self.pool.shutdown, True, cancel_futures=True)
+            self.pool = None
+
+    async def _start(self) -> None:
+        delay = 1.0
+        loop = asyncio.get_running_loop()
+        while True:
+            # Spawning takes 15-25 ms of the calling thread (pickling, fork/exec): not the loop's.
+            self._spawning = loop.run_in_executor(None, self._spawn)
+            try:
+                pool, warm_ups = await asyncio.shield(self._spawning)
+            except Exception:
+                self._spawning = None
+                log.exception("cannot spawn a render helper; retrying in %.0f s", delay)
+            else:
+                self._spawning = None
+                self.pool = pool
+                try:
+                    pids = await asyncio.gather(*map(asyncio.wrap_future, warm_ups))
+                except Exception as exc:
+                    log.error("render helper failed to start (%s: %s); retrying in %.0f s",
+                              type(exc).__name__, exc, delay)
+                    self.pool = None
+                    pool.shutdown(wait=False)
+                else:
+                    self._watch(pool, pids)
+                    return
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, MAX_RETRY_DELAY)
+
+    def _spawn(self) -> tuple[ProcessPoolExecutor, list[Future[int]]]:
+        n = self.cfg.render_processes
+        # spawn, not fork: the serving process runs threads and an event loop.
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(n)
+        pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_helper,
+                                   initargs=(self.cfg, barrier))
+        # The pool spawns a process per call queued while none is idle: n warm-ups, n processes.
+        return pool, [pool.submit(_warm_up) for _ in range(n)]
+
+    def _watch(self, pool: ProcessPoolExecutor, pids: list[int]) -> None:
+        """Ready; a helper's death is noticed when it happens (pidfd), not at the next render."""
+        loop = asyncio.get_running_loop()
+        dead = False
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                dead = True
+                continue
+            except (AttributeError, OSError):
+                continue  # no pidfd (not Linux >= 5.3): noticed at the next big render
+            self._pidfds.append(fd)
+            loop.add_reader(fd, self._lost, pool)
+        self.pids = tuple(pids)
+        self._ready.set(len(pids))
+        self._up.set()
+        log.info("render helpers ready: pids %s", ", ".join(map(str, pids)))
+        if dead:
+            self._lost(pool)
+
+    def _lost(self, pool: ProcessPoolExecutor) -> None:
+        if pool is not self.pool or self._closed:
+            return  # already replaced (the pidfd and the request in flight both tell)
+        log.warning("render helper pool lost a process (pids %s); respawning",
+                    ", ".join(map(str, self.pids)))
+        self._restarts.inc()
+        self._forget()
+        self.pool = None
+        # Not cancel_futures: a queued render would raise CancelledError into its request. The
+        # broken pool fails every render it holds with BrokenProcessPool: each falls back.
+        pool.shutdown(wait=False)
+        self._task = asyncio.create_task(self._start(), name="render-helper-start")
+
+    def _forget(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in self._pidfds:
+            loop.remove_reader(fd)
+            os.close(fd)
+        self._pidfds.clear()
+        self.pids = ()
+        self._ready.set(0)
+        self._up.clear()

@@ -1,0 +1,309 @@
+"""HTTP handlers of the router: render, open on an engine, then stream (or collect) the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
+from render.errors import BadRequestError
+from render.protocol import GenerateRequest
+from render.service.server import json_response, read_body, render_in
+from router.config import EngineSpec
+from router.front.multi_prompt import PipelineGroup, RoutedGroup
+from router.front.respond import EngineResponse, client_disconnected
+from router.routing.dispatch import Routed
+from wire.sampling import SamplingParams
+
+T = TypeVar("T")
+Receive = Callable[[], Awaitable[Any]]
+
+# How long an opening may wait on its engine before a watcher for the client's disconnect starts.
+WATCH_AFTER = 0.005
+
+# vLLM's detokenizer seeds non-byte-level decoding with the last few prompt tokens.
+PROMPT_TAIL = 6
+
+
+class AbortRequests(msgspec.Struct):
+    request_ids: list[str]
+
+
+class JoinEngine(msgspec.Struct):
+    name: str
+    handshake: str
+    kv_events: str | None = None
+    replay: str | None = None
+    topic: str = ""
+
+
+def _stop(value: str | list[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpec:
+    sp = gen.sampling_params
+    opts = gen.stream_options
+    return PipelineSpec(
+        kind=kind, request_id=gen.request_id, model=model, created=int(time.time()),
+        prompt_tokens=len(gen.token_ids), n=sp.n, stop=_stop(sp.stop),
+        include_stop_str_in_output=sp.include_stop_str_in_output,
+        skip_special_tokens=sp.skip_special_tokens, min_tokens=sp.min_tokens,
+        logprobs=sp.logprobs, detokenize=sp.detokenize,
+        include_usage=bool(opts and opts.include_usage),
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        prompt_tail=tuple(gen.token_ids[-PROMPT_TAIL:]), **kw,
+    )
+
+
+async def _open(st: Any, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
+                stream: bool, decoder: Any) -> EngineResponse:
+    if gen.request_id in st.active:
+        raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
+                              "request_id")
+    routed = await _unless_client_leaves(st, receive, st.dispatcher.open(
+        gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
+        priority=gen.priority))
+    st.router_metrics.prompt_tokens_tally.inc((), len(gen.token_ids))
+    return EngineResponse(st, routed, spec, decoder, stream)
+
+
+class ClientLeft(Exception):
+    """The client disconnected before its request reached the engine's first token."""
+
+
+async def _unless_client_leaves(st: Any, receive: Receive, opening: Awaitable[T]) -> T:
+    """Await the engine's first output, unless the client disconnects first: a request queued
+    in the router or prefilling on an engine is then cancelled, which aborts it on the engine
+    (Dispatcher.open) instead of spending the prefill on nobody.
+
+    ``opening`` runs inline in the request's task (a task of its own plus ``asyncio.wait`` cost
+    two loop passes between the engine's first output and the answer); the watcher cancels
+    this task when the client leaves, and the cancellation becomes ``ClientLeft``. Most
+    openings finish within a millisecond or two, so the watcher (a task) only starts when the
+    opening is still waiting after ``WATCH_AFTER``: a client that leaves is noticed that much
+    later, and the common request pays for a timer instead of a task and its two steps."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+    left: asyncio.Future[None] | None = None
+
+    def on_left(watch: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not watch.cancelled() and watch.exception() is None:
+            gone = True
+            task.cancel()
+
+    def watch() -> None:
+        nonlocal left
+        left = asyncio.ensure_future(client_disconnected(receive))
+        left.add_done_callback(on_left)
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, watch)
+    try:
+        result = await opening
+    except asyncio.CancelledError:
+        if not gone or task.uncancel() > 0:
+            raise  # cancelled from outside (shutdown), not by the watcher
+        if isinstance(opening, asyncio.Future) and opening.done() and not opening.cancelled():
+            await _give_back(st, opening.result())  # it completed as the client left
+        raise ClientLeft from None
+    finally:
+        timer.cancel()
+        if left is not None:
+            left.remove_done_callback(on_left)
+            left.cancel()
+    if gone:  # the cancellation was absorbed by ``opening``: the client is gone all the same
+        task.uncancel()
+        await _give_back(st, result)
+        raise ClientLeft
+    return result
+
+
+async def _give_back(st: Any, result: object) -> None:
+    """Release what an opening placed on engines for a client that has left."""
+    placed = [r for r in (result if isinstance(result, list) else [result])
+              if isinstance(r, Routed)]
+    for routed in placed:
+        await st.dispatcher.abort(routed, "client_disconnect")
+        st.dispatcher.done(routed)
+
+
+async def chat_completions(request: Request) -> Any:
+    arrival = time.perf_counter()
+    st = request.state
+    body = await read_body(request, st.config.max_body_bytes)
+    return await open_chat(st, request.receive, body, arrival)
+
+
+async def open_chat(st: Any, receive: Receive, body: bytes, arrival: float) -> EngineResponse:
+    """A read chat completions body: render, route, open; its answer is the returned app."""
+    req = st.codecs.chat.decode(body)
+    renderer = st.models.get(req.model)
+    if st.remote is not None:
+        gen = await st.remote.render_chat(body)
+    else:
+        gen = await render_in(st.models, st.config, st.pool, renderer, len(body),
+                              renderer.render_chat, req)
+    spec = _spec(CHAT, gen, renderer.served_model_name,
+                 return_token_ids=bool(req.return_token_ids))
+    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
+
+
+async def _answer(st: Any, receive: Receive, gen: Any, spec: Any, stream: bool,
+                  renderer: Any, arrival: float) -> EngineResponse:
+    """Open the engine request and its response, timed from the request's arrival."""
+    decoder = st.decoders[renderer.served_model_name]
+    resp = await _open(st, receive, gen, spec, stream, decoder)
+    resp.arrival = arrival
+    return resp
+
+
+async def completions(request: Request) -> Any:
+    arrival = time.perf_counter()
+    st = request.state
+    body = await read_body(request, st.config.max_body_bytes)
+    return await open_completion(st, request.receive, body, arrival)
+
+
+async def open_completion(st: Any, receive: Receive, body: bytes,
+                          arrival: float) -> EngineResponse:
+    """A read completions body: render (one or several prompts), route, open."""
+    req = st.codecs.completion.decode(body)
+    renderer = st.models.get(req.model)
+    if st.remote is not None:
+        gens = await st.remote.render_completion(body)
+    else:
+        gens = await render_in(st.models, st.config, st.pool, renderer, len(body),
+                               renderer.render_completion, req)
+    specs = [
+        _spec(COMPLETION, gen, renderer.served_model_name,
+              echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+              if req.echo else None,
+              return_token_ids=bool(req.return_token_ids))
+        for gen in gens
+    ]
+    if len(gens) == 1:
+        return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
+                             arrival)
+    return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival)
+
+
+async def _answer_prompts(st: Any, receive: Receive, gens: list[GenerateRequest],
+                          specs: list[PipelineSpec], stream: bool, renderer: Any,
+                          arrival: float) -> EngineResponse:
+    """Several prompts: each routed on its own, concurrently; answered as one response."""
+    # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
+    response_id = gens[0].request_id.rsplit("-", 1)[0]
+    if response_id in st.active or any(g.request_id in st.active for g in gens):
+        raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
+    opened = await _unless_client_leaves(st, receive, asyncio.gather(*(
+        st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
+                           cache_salt=g.cache_salt, priority=g.priority)
+        for g in gens), return_exceptions=True))
+    parts = [r for r in opened if isinstance(r, Routed)]
+    failed = [r for r in opened if isinstance(r, BaseException)]
+    if failed:
+        for part in parts:  # the prompts that did open must not run on unheard
+            await st.dispatcher.abort(part, "sibling_failed")
+            st.dispatcher.done(part)
+        raise failed[0]
+    st.router_metrics.prompt_tokens_tally.inc((), sum(len(g.token_ids) for g in gens))
+    decoder = st.decoders[renderer.served_model_name]
+    first = specs[0]
+    spec = msgspec.structs.replace(
+        first, request_id=response_id, n=sum(s.n for s in specs),
+        prompt_tokens=sum(s.prompt_tokens for s in specs), echo=None, prompt_tail=())
+    group = PipelineGroup(spec, [Pipeline(s, decoder) for s in specs])
+    resp = EngineResponse(st, RoutedGroup(parts), spec, decoder, stream, pipeline=group)
+    resp.arrival = arrival
+    return resp
+
+
+async def generate(request: Request) -> Any:
+    """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text) out."""
+    arrival = time.perf_counter()
+    st = request.state
+    body = await read_body(request, st.config.max_body_bytes)
+    return await open_generate(st, request.receive, body, arrival)
+
+
+async def open_generate(st: Any, receive: Receive, body: bytes,
+                        arrival: float) -> EngineResponse:
+    """A read token-in body: decode and check it, route, open."""
+    gen = st.generate_decoder.decode(body)
+    renderer = st.models.get(gen.model)
+    vocab = renderer.vocab_size
+    if not gen.token_ids:
+        raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
+    if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
+        raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
+    check_sampling(gen.sampling_params)
+    if len(gen.token_ids) >= renderer.max_model_len:
+        raise BadRequestError(
+            f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
+            f"your request has {len(gen.token_ids)} input tokens.", "token_ids")
+    spec = _spec(GENERATE, gen, renderer.served_model_name, output_mode=gen.output_mode,
+                 return_token_ids=bool(gen.return_token_ids),
+                 prompt_token_ids=gen.token_ids if gen.return_token_ids else None)
+    resp = await _open(st, receive, gen, spec, bool(gen.stream),
+                       st.decoders[renderer.served_model_name])
+    resp.arrival = arrival
+    return resp
+
+
+def check_sampling(sp: SamplingParams) -> None:
+    """vLLM's SamplingParams._verify_args essentials: token-in requests skip render's mapping."""
+    max_tokens = sp.max_tokens
+    if not 1 <= sp.n <= 1024:
+        _refuse("n must be within [1, 1024]", "n")
+    if max_tokens is not None and max_tokens < 1:
+        _refuse("max_tokens must be at least 1", "max_tokens")
+    if not 0 <= sp.min_tokens <= (max_tokens if max_tokens is not None else sp.min_tokens):
+        _refuse("min_tokens must be within [0, max_tokens]", "min_tokens")
+    if not sp.temperature >= 0:  # NaN is refused too
+        _refuse("temperature must be non-negative", "temperature")
+    if not 0 < sp.top_p <= 1:
+        _refuse("top_p must be in (0, 1]", "top_p")
+    if sp.top_k < -1:
+        _refuse("top_k must be -1 (disable) or at least 1", "top_k")
+    if not 0 <= sp.min_p <= 1:
+        _refuse("min_p must be in [0, 1]", "min_p")
+    if sp.logprobs is not None and sp.logprobs < -1:
+        _refuse("logprobs must be non-negative or -1", "logprobs")
+    if sp.prompt_logprobs is not None and sp.prompt_logprobs < -1:
+        _refuse("prompt_logprobs must be non-negative or -1", "prompt_logprobs")
+
+
+def _refuse(message: str, param: str) -> NoReturn:
+    raise BadRequestError(message, f"sampling_params.{param}")
+
+
+async def abort_requests(request: Request) -> Response:
+    st = request.state
+    body = await read_body(request, st.config.max_body_bytes)
+    req = msgspec.json.decode(body, type=AbortRequests)
+    for rid in req.request_ids:
+        routed = st.active.get(rid)
+        if routed is not None:
+            await st.dispatcher.abort(routed, "abort_requests")
+    return Response(b"", status_code=200)
+
+
+async def add_engine(request: Request) -> Response:
+    """An engine joins at run time: bind its handshake address; start the engine against it."""
+    st = request.state
+    body = await read_body(request, 64 * 1024)
+    req = msgspec.json.decode(body, type=JoinEngine)
+    if req.name in st.client.engines:
+        raise BadRequestError(f"engine {req.name!r} already exists", "name")
+    spec = EngineSpec(req.name, req.handshake, req.kv_events, req.replay, req.topic)
+    return json_response(request, {"name": req.name, "handshake": st.fleet.join(spec)})

@@ -1,0 +1,331 @@
+"""Per-engine KV-event subscriber: SUB + replay DEALER, sequence tracking, feeding the prefix index.
+
+vLLM publishes ``[topic, seq (8-byte big-endian), msgpack(KVEventBatch)]`` on a PUB socket and keeps
+the last batches for replay on a ROUTER (``vllm/distributed/kv_events.py``). The subscriber:
+
+- follows vLLM's endpoint rule from the other side (``router.kvfeed.kv_endpoints``);
+- on a sequence gap (seq > expected) replays from the first missing seq, then goes on;
+- on a duplicate (a seq already applied, same payload) skips the batch;
+- on a sequence reset (seq goes backwards with a different payload: the engine restarted) clears
+  that engine's index and rebuilds from the new sequence, replaying from 0 if it joined late;
+- counts and skips batches that fail to decode; never dies on bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+import xxhash
+import zmq
+import zmq.asyncio
+
+from radix.namespace import namespace_for, split_event_extra_keys
+from router.kvfeed.kv_endpoints import KVEndpoints, dial_address, engine_binds, offset_endpoint
+from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ext_hook
+
+END_SEQ = b"\xff" * 8
+# Batches remembered per engine (seq -> payload digest) to tell duplicates from restarts.
+DUP_WINDOW = 4096
+
+
+class KVEventSink(Protocol):
+    """What the subscriber feeds: ``radix.PrefixIndex`` satisfies it.
+
+    ``namespace`` seeds chains that start at block 0 (no parent); a child block continues its
+    parent's chain (vLLM puts the cache_salt in the first block's extra keys only).
+    """
+
+    def apply_stored(
+        self,
+        engine: str,
+        block_hashes: Sequence[int | bytes],
+        parent_block_hash: int | bytes | None,
+        token_ids: Sequence[int],
+        namespace: Hashable,
+        now: float,
+        *,
+        block_size: int | None = None,
+        extra_keys: Sequence[Any | None] | None = None,
+        group_idx: int | None = None,
+        kind: str | None = None,
+        medium: str | None = None,
+    ) -> Any: ...
+
+    def apply_removed(
+        self,
+        engine: str,
+        block_hashes: Sequence[int | bytes],
+        *,
+        group_idx: int | None = None,
+        medium: str | None = None,
+    ) -> Any: ...
+
+    def apply_cleared(self, engine: str) -> Any: ...
+
+
+def kv_namespace(lora_name: str | None, cache_salt: str | None) -> Hashable:
+    """The prefix-index namespace of a request; the same function names event chains."""
+    return namespace_for(lora_name, cache_salt)
+
+
+class KVCounters(msgspec.Struct):
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replayed_batches: int = 0
+    lost_batches: int = 0  # a gap replay could not fill (buffer overrun or no replay socket)
+    duplicates: int = 0
+    resets: int = 0
+    decode_errors: int = 0
+    last_seq: int | None = None
+    # Seconds between the engine stamping the last batch and us applying it.
+    lag: float = 0.0
+
+
+class _EngineFeed:
+    def __init__(self, spec: KVEndpoints, sub: zmq.asyncio.Socket, sub_address: str) -> None:
+        self.spec = spec
+        self.sub = sub
+        self.sub_address = sub_address
+        self.replay: zmq.asyncio.Socket | None = None
+        self.expected: int | None = None  # next seq; None until the first batch
+        self.recent: OrderedDict[int, int] = OrderedDict()
+        self.counters = KVCounters()
+        self.applied = asyncio.Event()  # set after every applied batch (tests wait on it)
+        # Live batches and explicit resyncs share the replay socket and the sequence state.
+        self.lock = asyncio.Lock()
+
+
+class KVSubscriber:
+    """Subscribes to many engines' KV events and applies them to ``sink``."""
+
+    def __init__(self, sink: KVEventSink, *, replay_timeout: float = 2.0) -> None:
+        self.sink = sink
+        self.replay_timeout = replay_timeout
+        self._ctx: zmq.asyncio.Context | None = None
+        self._feeds: dict[str, _EngineFeed] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._decoder = msgspec.msgpack.Decoder(KVEventBatch, ext_hook=ext_hook)
+
+    async def __aenter__(self) -> KVSubscriber:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+
+    async def close(self) -> None:
+        for name in list(self._feeds):
+            await self.remove_engine(name)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def counters(self, engine: str) -> KVCounters:
+        return self._feeds[engine].counters
+
+    def add_engine(self, spec: KVEndpoints) -> str:
+        """Open the engine's SUB (and replay DEALER); returns the SUB's bound/dialled address."""
+        if self._ctx is None:
+            raise RuntimeError("KVSubscriber.start() first")
+        if spec.engine in self._feeds:
+            raise ValueError(f"engine {spec.engine!r} already subscribed")
+        endpoint = offset_endpoint(spec.endpoint, spec.dp_rank)
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
+        if engine_binds(endpoint):
+            address = dial_address(endpoint, spec.host)
+            sub.connect(address)
+        else:
+            sub.bind(endpoint)
+            address = sub.getsockopt_string(zmq.LAST_ENDPOINT)
+        feed = _EngineFeed(spec, sub, address)
+        if spec.replay_endpoint:
+            feed.replay = self._ctx.socket(zmq.DEALER)
+            replay = offset_endpoint(spec.replay_endpoint, spec.dp_rank)
+            feed.replay.connect(dial_address(replay, spec.host))
+        self._feeds[spec.engine] = feed
+        self._tasks[spec.engine] = asyncio.create_task(self._run(feed), name=f"kv-{spec.engine}")
+        return address
+
+    async def remove_engine(self, engine: str) -> None:
+        task = self._tasks.pop(engine, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        feed = self._feeds.pop(engine, None)
+        if feed is not None:
+            feed.sub.close(linger=0)
+            if feed.replay is not None:
+                feed.replay.close(linger=0)
+
+    async def wait_applied(self, engine: str, timeout: float) -> None:
+        """Wait for the next applied batch of ``engine`` (for tests and tools)."""
+        feed = self._feeds[engine]
+        feed.applied.clear()
+        await asyncio.wait_for(feed.applied.wait(), timeout)
+
+    async def resync(self, engine: str) -> None:
+        """Catch up now from the engine's replay buffer (after the last applied seq)."""
+        feed = self._feeds[engine]
+        async with feed.lock:
+            await self._replay(feed, 0 if feed.expected is None else feed.expected)
+
+    async def engine_restarted(self, engine: str) -> None:
+        """A new process serves this engine (the client saw a new handshake): forget the old
+        one's blocks and rebuild from the new process's replay buffer.
+
+        Seq detection alone misses a restart when the new process has already published past
+        the old sequence by the time we hear from it.
+        """
+        feed = self._feeds[engine]
+        async with feed.lock:
+            feed.counters.resets += 1
+            self._clear(feed)
+            feed.expected = 0
+            await self._replay(feed, 0)
+
+    async def _run(self, feed: _EngineFeed) -> None:
+        while True:
+            frames = await feed.sub.recv_multipart()
+            if len(frames) != 3 or len(frames[1]) != 8:
+                feed.counters.decode_errors += 1
+                continue
+            await self.on_batch(feed.spec.engine, int.from_bytes(frames[1], "big"), frames[2])
+
+    async def on_batch(self, engine: str, seq: int, payload: bytes) -> None:
+        """Sequence bookkeeping for one live batch, then apply it (public for tests)."""
+        feed = self._feeds[engine]
+        async with feed.lock:
+            await self._on_batch(feed, seq, payload)
+
+    async def _on_batch(self, feed: _EngineFeed, seq: int, payload: bytes) -> None:
+        c = feed.counters
+        if feed.expected is None:
+            # A late joiner (router restart) rebuilds from the engine's replay buffer.
+            feed.expected = 0
+        if seq < feed.expected:
+            digest = feed.recent.get(seq)
+            if digest is not None and digest == xxhash.xxh3_64_intdigest(payload):
+                c.duplicates += 1
+                return
+            # The sequence went backwards with new content: a new engine process.
+            c.resets += 1
+            self._clear(feed)
+            feed.expected = 0
+        if seq > feed.expected:
+            c.gaps += 1
+            await self._replay(feed, feed.expected)
+            if seq < feed.expected:
+                return  # the replay covered this batch
+            if seq > feed.expected:
+                c.lost_batches += seq - feed.expected
+        self._apply(feed, seq, payload)
+
+    async def _replay(self, feed: _EngineFeed, start: int) -> None:
+        if feed.replay is None:
+            return
+        feed.counters.replays += 1
+        await feed.replay.send_multipart((b"", start.to_bytes(8, "big")))
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await feed.replay.poll(int(left * 1000)):
+                # The replay socket may be wedged mid-answer: start afresh next time.
+                self._reset_replay_socket(feed)
+                return
+            frames = await feed.replay.recv_multipart()
+            if len(frames) != 4:
+                feed.counters.decode_errors += 1
+                continue
+            _, _topic, seq_bytes, payload = frames
+            if seq_bytes == END_SEQ:
+                return
+            seq = int.from_bytes(seq_bytes, "big")
+            expected = feed.expected if feed.expected is not None else 0
+            if seq < expected:
+                continue
+            if seq > expected:
+                # The engine's buffer no longer holds what we missed.
+                feed.counters.lost_batches += seq - expected
+            feed.counters.replayed_batches += 1
+            self._apply(feed, seq, payload)
+
+    def _reset_replay_socket(self, feed: _EngineFeed) -> None:
+        if feed.replay is None or self._ctx is None or not feed.spec.replay_endpoint:
+            return
+        feed.replay.close(linger=0)
+        feed.replay = self._ctx.socket(zmq.DEALER)
+        replay = offset_endpoint(feed.spec.replay_endpoint, feed.spec.dp_rank)
+        feed.replay.connect(dial_address(replay, feed.spec.host))
+
+    def _clear(self, feed: _EngineFeed) -> None:
+        feed.recent.clear()
+        self.sink.apply_cleared(feed.spec.engine)
+
+    def _apply(self, feed: _EngineFeed, seq: int, payload: bytes) -> None:
+        c = feed.counters
+        feed.expected = seq + 1
+        c.last_seq = seq
+        feed.recent[seq] = xxhash.xxh3_64_intdigest(payload)
+        if len(feed.recent) > DUP_WINDOW:
+            feed.recent.popitem(last=False)
+        try:
+            batch = self._decoder.decode(payload)
+        except (msgspec.DecodeError, ValueError):
+            c.decode_errors += 1
+            return
+        c.batches += 1
+        now = time.time()
+        # vLLM stamps batches with time.time(): lag is only meaningful on one host.
+        c.lag = max(0.0, now - batch.ts)
+        engine = feed.spec.engine
+        sink = self.sink
+        for ev in batch.events:
+            c.events += 1
+            if isinstance(ev, BlockStored):
+                salt, residual = split_event_extra_keys(ev.lora_name, ev.extra_keys)
+                sink.apply_stored(
+                    engine,
+                    ev.block_hashes,
+                    ev.parent_block_hash,
+                    ev.token_ids,
+                    namespace_for(ev.lora_name, salt),
+                    now,
+                    block_size=ev.block_size,
+                    extra_keys=residual,
+                    group_idx=ev.group_idx,
+                    kind=ev.kv_cache_spec_kind,
+                    medium=ev.medium,
+                )
+            elif isinstance(ev, BlockRemoved):
+                sink.apply_removed(
+                    engine, ev.block_hashes, group_idx=ev.group_idx, medium=ev.medium
+                )
+            elif isinstance(ev, AllBlocksCleared):
+                sink.apply_cleared(engine)
+        feed.applied.set()
+
+
+__all__ = [
+    "KVCounters",
+    "KVEndpoints",
+    "KVEventSink",
+    "KVSubscriber",
+    "dial_address",
+    "engine_binds",
+    "kv_namespace",
+    "offset_endpoint",
+]

@@ -1,0 +1,1 @@
+"""The engine link: EngineCore over ZMQ (handshake, requests, demultiplexed outputs, health)."""

@@ -1,0 +1,126 @@
+"""The router's Prometheus metrics, on a registry owned by one app (never the global one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.obs.metric_tally import FlushFirst, Tallies
+
+# Latency buckets from sub-millisecond (router overhead) to minutes (long generations).
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_TPOT = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+# Engine-side gauges are read at scrape time from whatever owns them (engine client, subscriber).
+EngineSnapshot = Callable[[], dict[str, dict[str, float]]]
+
+
+class _Snapshot(Collector):
+    """Turns a per-engine snapshot callable into gauges/counters at scrape time."""
+
+    def __init__(self, read: EngineSnapshot, gauges: dict[str, str], counters: dict[str, str]):
+        self._read = read
+        self._gauges = gauges
+        self._counters = counters
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        snapshot = self._read()
+        for key, doc in self._gauges.items():
+            g = GaugeMetricFamily(f"kvroute_{key}", doc, labels=["engine"])
+            for engine, values in snapshot.items():
+                if key in values:
+                    g.add_metric([engine], values[key])
+            yield g
+        for key, doc in self._counters.items():
+            c = CounterMetricFamily(f"kvroute_{key}", doc, labels=["engine"])
+            for engine, values in snapshot.items():
+                if key in values:
+                    c.add_metric([engine], values[key])
+            yield c
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.tallies = Tallies()
+        r.register(FlushFirst(self.tallies))
+        self.requests = Counter(
+            "kvroute_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+            registry=r)
+        self.ttft = Histogram(
+            "kvroute_time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY,
+            registry=r)
+        self.tpot = Histogram(
+            "kvroute_time_per_output_token_seconds", "Mean gap between output tokens",
+            buckets=_TPOT, registry=r)
+        self.e2e = Histogram(
+            "kvroute_e2e_request_latency_seconds", "Arrival to last byte", buckets=_LATENCY,
+            registry=r)
+        self.prompt_tokens = Counter("kvroute_prompt_tokens", "Prompt tokens routed", registry=r)
+        self.generation_tokens = Counter(
+            "kvroute_generation_tokens", "Output tokens streamed", registry=r)
+        self.decisions = Counter(
+            "kvroute_routing_decisions", "Routing decisions by policy, reason and engine",
+            ["policy", "reason", "engine"], registry=r)
+        self.predicted_cached = Counter(
+            "kvroute_predicted_cached_tokens", "Prefix tokens the router predicted as cached",
+            ["engine"], registry=r)
+        self.engine_cached = Counter(
+            "kvroute_engine_cached_tokens", "Prefix tokens the engine reported as cached",
+            ["engine"], registry=r)
+        self.prediction_error = Histogram(
+            "kvroute_cached_tokens_prediction_error",
+            "Engine-reported minus predicted cached tokens per request",
+            buckets=(-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096), registry=r)
+        self.retries = Counter(
+            "kvroute_retries", "Requests retried on another engine before any token", registry=r)
+        self.aborts = Counter(
+            "kvroute_aborts", "Engine requests aborted by the router", ["cause"], registry=r)
+        self.rejected = Counter(
+            "kvroute_rejected", "Requests refused for load", ["status"], registry=r)
+        self.queue_depth = Gauge(
+            "kvroute_queue_depth", "Requests waiting for an engine slot", registry=r)
+        self.in_flight = Gauge(
+            "kvroute_in_flight", "Requests the router has on an engine", ["engine"], registry=r)
+        self.stream_errors = Counter(
+            "kvroute_stream_errors", "Streams ended with an error chunk", registry=r)
+        # What every routed request updates, as tallies (router/obs/metric_tally.py): requests by
+        # (endpoint, status), decisions by (policy, reason, engine), cached tokens by engine.
+        t = self.tallies
+        self.requests_tally = t.counter(self.requests)
+        self.prompt_tokens_tally = t.counter(self.prompt_tokens)
+        self.generation_tokens_tally = t.counter(self.generation_tokens)
+        self.decisions_tally = t.counter(self.decisions)
+        self.predicted_cached_tally = t.counter(self.predicted_cached)
+        self.engine_cached_tally = t.counter(self.engine_cached)
+        self.ttft_tally = t.histogram(self.ttft)
+        self.tpot_tally = t.histogram(self.tpot)
+        self.e2e_tally = t.histogram(self.e2e)
+        self.prediction_error_tally = t.histogram(self.prediction_error)
+
+    def watch_engines(self, read: EngineSnapshot) -> None:
+        """Per-engine health/queue (engine client) gauges, read at scrape time."""
+        self.registry.register(_Snapshot(read, {
+            "engine_healthy": "1 if the engine is serving, else 0",
+            "engine_running_requests": "Engine-reported running requests",
+            "engine_waiting_requests": "Engine-reported waiting requests",
+            "engine_kv_cache_usage": "Engine-reported KV cache usage (0-1)",
+        }, {}))
+
+    def watch_kv_events(self, read: EngineSnapshot) -> None:
+        """KV-event stream health per engine (subscriber counters), read at scrape time."""
+        self.registry.register(_Snapshot(read, {
+            "kv_event_lag_seconds": "Router receive time minus the batch timestamp",
+        }, {
+            "kv_event_batches": "KV event batches applied",
+            "kv_event_gaps": "Sequence gaps detected (each triggers a replay)",
+            "kv_event_replays": "Replays requested",
+            "kv_event_decode_errors": "Batches that failed to decode",
+        }))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

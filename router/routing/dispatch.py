@@ -1,0 +1,252 @@
+"""Route one rendered request to an engine and open its streams, retrying once before any token."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from render.errors import BadRequestError
+from router.kvfeed.kv_subscriber import kv_namespace
+from router.link.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
+from router.obs.metrics import RouterMetrics
+from router.routing.admission import Admission, Overloaded
+from router.routing.policy import Decision, NoEngineError, Policy
+from wire.engine import EngineCoreOutput, EngineCoreRequest, LoRARequest
+from wire.sampling import SamplingParams
+
+log = logging.getLogger("kvroute.router")
+
+BREAKER_BASE = 5.0  # seconds an engine is skipped after a failure before its first token
+BREAKER_MAX = 60.0
+
+
+class Placed(Protocol):
+    """Engine streams holding router slots: one routed request, or several (multi_prompt.py)."""
+
+    @property
+    def streams(self) -> list[RequestStream]: ...
+
+
+@dataclass(slots=True)
+class Routed:
+    """A request placed on an engine: its decision and one stream per choice, first output read."""
+
+    decision: Decision
+    uncached_tokens: int
+    streams: list[RequestStream]
+    first: list[EngineCoreOutput]
+    attempts: int = 1
+    _prefilled: bool = field(default=False)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.request_id for s in self.streams]
+
+    async def outputs(self, index: int) -> AsyncIterator[EngineCoreOutput]:
+        """Every output of choice ``index``, the already-read first one included."""
+        yield self.first[index]
+        if self.first[index].finished:
+            return
+        async for out in self.streams[index]:
+            yield out
+
+
+class Dispatcher:
+    """Chooses the engine (policy over healthy engines with free slots), submits, retries once."""
+
+    def __init__(self, client: EngineClient, policy: Policy, admission: Admission,
+                 metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.policy = policy
+        self.admission = admission
+        self.metrics = metrics
+        self.clock = clock
+        # Circuit breaker: an engine that failed a request before its first token is skipped
+        # for a while (doubling per consecutive failure), even if its link still looks up.
+        self._suspect_until: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        # Engines whose in-flight gauge reads the admission ledger (set up on first use).
+        self._gauged: set[str] = set()
+
+    def healthy(self) -> list[str]:
+        now = self.clock()
+        return [n for n, e in self.client.engines.items()
+                if e.status is EngineStatus.READY and self._suspect_until.get(n, 0.0) <= now]
+
+    def _failed(self, engine: str) -> None:
+        count = self._failures.get(engine, 0) + 1
+        self._failures[engine] = count
+        self._suspect_until[engine] = self.clock() + min(BREAKER_BASE * 2 ** (count - 1),
+                                                         BREAKER_MAX)
+
+    def _succeeded(self, engine: str) -> None:
+        if self._failures.pop(engine, None) is not None:
+            self._suspect_until.pop(engine, None)
+
+    def _engine_stats(self, engine: str) -> tuple[int, int]:
+        counts = self.client.engines[engine].queue_counts
+        return counts.num_running_reqs, counts.num_waiting_reqs
+
+    async def open(
+        self, request_id: str, tokens: Sequence[int], params: SamplingParams, *,
+        lora: LoRARequest | None = None, cache_salt: str | None = None, priority: int = 0,
+    ) -> Routed:
+        """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
+
+        Raises Overloaded (no slot / no engine) or EngineLinkError (failed twice before a token).
+        """
+        namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
+        n = params.n
+        excluded: set[str] = set()
+        last_error: Exception | None = None
+        admission = self.admission
+        for attempt in (1, 2):
+            def candidates() -> list[str]:
+                return [e for e in admission.open_engines(self.healthy()) if e not in excluded]
+
+            live = self.healthy()
+            if excluded:
+                live = [e for e in live if e not in excluded]
+            if not live:
+                break
+            # wait_for_slot returns at once when nobody queues and an engine has a slot: that
+            # check is made here on the engines just listed, without a second listing.
+            open_now = admission.open_engines(live)
+            if not open_now or admission.queued:
+                await admission.wait_for_slot(lambda: bool(candidates()))
+                open_now = candidates()
+            loads = admission.loads(open_now, self._engine_stats)
+            try:
+                decision, note = self.policy.decide(tokens, namespace, loads, self.clock())
+            except NoEngineError:
+                break
+            engine = decision.engine
+            uncached = len(tokens) - decision.cached_tokens
+            children = _fan_out(request_id, tokens, params, n, lora, cache_salt, priority)
+            for _ in children:
+                self.admission.take(engine, uncached // n)
+            streams: list[RequestStream] = []
+            noted = False
+            try:
+                for child in children:
+                    streams.append(await self.client.submit(engine, child))
+                # The ADD is on its way: the bookkeeping below overlaps the engine's work. The
+                # note goes in before any await, so no later decision can miss this route.
+                note()
+                self._log_decision(request_id, decision, len(tokens), attempt)
+                noted = True
+                if n == 1:
+                    first = [await anext(streams[0])]
+                else:
+                    first = list(await asyncio.gather(*(anext(s) for s in streams)))
+            except ValueError as exc:  # the engine client refused a duplicate request id
+                with contextlib.suppress(EngineLinkError):
+                    await self.client.abort([s.request_id for s in streams])
+                for _ in children:
+                    self.admission.prefilled(engine, uncached // n)
+                    self.admission.release(engine)
+                raise BadRequestError(str(exc), "request_id") from exc
+            except asyncio.CancelledError:
+                # The client left while its prompt was queued or prefilling: the engine must
+                # not spend the prefill on nobody, and the slots go back.
+                with contextlib.suppress(EngineLinkError):
+                    await self.client.abort([c.request_id for c in children])
+                self.metrics.aborts.labels("client_disconnect").inc(len(children))
+                for _ in children:
+                    self.admission.prefilled(engine, uncached // n)
+                    self.admission.release(engine)
+                raise
+            except (EngineLinkError, StopAsyncIteration) as exc:
+                # Nothing reached the client yet: try another engine, once.
+                last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
+                with contextlib.suppress(EngineLinkError):
+                    await self.client.abort([c.request_id for c in children])
+                for _ in children:
+                    self.admission.prefilled(engine, uncached // n)
+                    self.admission.release(engine)
+                if not noted:
+                    self._log_decision(request_id, decision, len(tokens), attempt)
+                excluded.add(engine)
+                self._failed(engine)
+                if attempt == 1:
+                    self.metrics.retries.inc()
+                log.warning("engine failed before the first token", extra={
+                    "request_id": request_id, "engine": engine, "error": str(exc)})
+                continue
+            for _ in children:
+                self.admission.prefilled(engine, uncached // n)
+            if self._failures:
+                self._succeeded(engine)
+            self._opened_metrics(engine, decision.cached_tokens, first[0])
+            return Routed(decision, uncached, streams, first, attempt)
+        if last_error is not None:
+            raise last_error
+        raise Overloaded(503, "No healthy engine is available; retry later.",
+                         self.admission.retry_after)
+
+    def _opened_metrics(self, engine: str, predicted_cached: int,
+                        first: EngineCoreOutput) -> None:
+        m = self.metrics
+        if engine not in self._gauged:
+            self._gauged.add(engine)
+            admission = self.admission
+            m.in_flight.labels(engine).set_function(lambda: admission.in_flight(engine))
+        key = (engine,)
+        m.predicted_cached_tally.inc(key, predicted_cached)
+        reported = _cached_tokens(first)
+        if reported is not None:
+            m.engine_cached_tally.inc(key, reported)
+            m.prediction_error_tally.observe(reported - predicted_cached)
+
+    def _log_decision(self, request_id: str, decision: Decision, prompt_tokens: int,
+                      attempt: int) -> None:
+        self.metrics.decisions_tally.inc((self.policy.config.name, decision.reason,
+                                          decision.engine))
+        if log.isEnabledFor(logging.INFO):
+            log.info("route", extra={"request_id": request_id, "engine": decision.engine,
+                                     "cached": decision.cached_tokens, "reason": decision.reason,
+                                     "prompt_tokens": prompt_tokens, "attempt": attempt})
+
+    def done(self, routed: Placed) -> None:
+        """Give the slots back (call once, whatever the outcome)."""
+        for stream in routed.streams:
+            self.admission.release(stream.engine)
+
+    async def abort(self, routed: Placed, cause: str) -> None:
+        pending = [s.request_id for s in routed.streams if not s.finished]
+        if pending:
+            self.metrics.aborts.labels(cause).inc(len(pending))
+            with contextlib.suppress(EngineLinkError):
+                await self.client.abort(pending)
+
+
+def _fan_out(request_id: str, tokens: Sequence[int], params: SamplingParams, n: int,
+             lora: LoRARequest | None, cache_salt: str | None, priority: int
+             ) -> list[EngineCoreRequest]:
+    now = time.time()
+    if n == 1:
+        return [EngineCoreRequest(request_id, list(tokens), None, params, None, now, lora,
+                                  cache_salt, None, priority=priority)]
+    out = []
+    for i in range(n):
+        # vLLM's ParentRequest: child i is "{i}_{id}" with n=1 and seed + i when seeded.
+        seed = None if params.seed is None else params.seed + i
+        child = msgspec.structs.replace(params, n=1, seed=seed)
+        out.append(EngineCoreRequest(f"{i}_{request_id}", list(tokens), None, child, None, now,
+                                     lora, cache_salt, None, priority=priority))
+    return out
+
+
+def _cached_tokens(out: EngineCoreOutput) -> int | None:
+    stats = out.prefill_stats
+    if stats is None:
+        return None
+    value = stats.get("num_cached_tokens")
+    return int(value) if isinstance(value, int) else None

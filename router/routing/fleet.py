@@ -1,0 +1,134 @@
+"""The engine fleet: engines join (config or run time), turn ready, die; index and KV feeds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from radix import PrefixIndex
+from router.config import EngineSpec
+from router.kvfeed.kv_subscriber import KVEndpoints, KVSubscriber
+from router.link.engine_client import EngineClient, EngineStatus
+from router.link.engine_client import EngineSpec as LinkSpec
+from router.routing.admission import Admission
+
+log = logging.getLogger("kvroute.fleet")
+
+
+def link_spec(spec: EngineSpec) -> LinkSpec:
+    """Input/output sockets next to the handshake one: same host, kernel-chosen ports."""
+    address = spec.handshake
+    if address.startswith("ipc://"):
+        inp, out = address + ".in", address + ".out"
+    else:
+        host = address.rsplit(":", 1)[0]
+        inp, out = f"{host}:0", f"{host}:0"
+    return LinkSpec(spec.name, address, spec.input or inp, spec.output or out,
+                    advertise_host=spec.advertise_host)
+
+
+def _host(address: str) -> str:
+    if address.startswith("tcp://"):
+        host = address[len("tcp://"):].rsplit(":", 1)[0]
+        if host not in ("*", "0.0.0.0", "[::]", "::"):
+            return host.strip("[]")
+    return "127.0.0.1"
+
+
+class Fleet:
+    """Keeps the prefix index and the KV subscriptions in step with the engines' health."""
+
+    def __init__(self, client: EngineClient, kv: KVSubscriber, index: PrefixIndex,
+                 admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25) -> None:
+        self.client = client
+        self.kv = kv
+        self.index = index
+        self.admission = admission
+        self.specs = {spec.name: spec for spec in specs}
+        self.poll = poll
+        self.attached: set[str] = set()
+        self.subscribed: set[str] = set()
+        # The client's connect count per attached engine: a rise while it stayed READY between two
+        # polls is a process restart (an idle engine killed and restarted fast).
+        self.connects: dict[str, int] = {}
+
+    def join(self, spec: EngineSpec) -> str:
+        """Add an engine at run time; returns the handshake address to start it against."""
+        self.specs[spec.name] = spec
+        state = self.client.add_engine(link_spec(spec))
+        log.info("engine joined",
+                 extra={"engine": spec.name, "handshake": state.handshake_endpoint})
+        return state.handshake_endpoint
+
+    async def watch(self) -> None:
+        """Follow engine status changes for the life of the app."""
+        while True:
+            self.sync()
+            await asyncio.sleep(self.poll)
+
+    def sync(self) -> None:
+        for name, eng in self.client.engines.items():
+            ready = eng.status is EngineStatus.READY
+            if ready and name in self.attached and eng.counters.connects != self.connects[name]:
+                self._restarted(name)
+            if ready and name not in self.attached:
+                self._attach(name)
+            elif not ready and name in self.attached:
+                self._detach(name, eng.death_reason or eng.status.value)
+
+    def _attach(self, name: str) -> None:
+        eng = self.client.engines[name]
+        spec = self.specs.get(name)
+        info = eng.ready
+        block_size = info.block_size if info is not None and info.block_size else None
+        if block_size is None and spec is not None:
+            block_size = spec.block_size  # re-adopted: no ready map this time
+        self.attached.add(name)
+        self.connects[name] = eng.counters.connects
+        if block_size is not None:
+            self.index.add_engine(name, block_size)
+            endpoints = self._kv_endpoints(name, spec, info.kv_events_config if info else None)
+            if endpoints is not None and name not in self.subscribed:
+                self.kv.add_engine(endpoints)
+                self.subscribed.add(name)
+        log.info("engine ready", extra={"engine": name, "block_size": block_size,
+                                        "adopted": eng.adopted,
+                                        "kv_events": name in self.subscribed})
+        self.admission.wake()
+
+    def _restarted(self, name: str) -> None:
+        self.connects[name] = self.client.engines[name].counters.connects
+        log.warning("engine reconnected: rebuilding its index", extra={"engine": name})
+        if name in self.subscribed:
+            # Clears the old process's blocks and replays the new one's buffer.
+            asyncio.get_running_loop().create_task(self.kv.engine_restarted(name))
+
+    def _detach(self, name: str, why: str) -> None:
+        self.attached.discard(name)
+        # Whatever it cached is gone with it; a restarted engine re-announces its blocks.
+        self.index.remove_engine(name)
+        log.warning("engine unavailable", extra={"engine": name, "reason": why})
+        if name in self.subscribed:
+            self.subscribed.discard(name)
+            asyncio.get_running_loop().create_task(self.kv.remove_engine(name))
+
+    def _kv_endpoints(self, name: str, spec: EngineSpec | None,
+                      config: dict[str, object] | None) -> KVEndpoints | None:
+        host = _host(spec.handshake) if spec else "127.0.0.1"
+        if spec is not None and spec.kv_events:
+            return KVEndpoints(engine=name, endpoint=spec.kv_events, replay_endpoint=spec.replay,
+                               topic=spec.topic, host=host)
+        if config and config.get("enable_kv_cache_events") and config.get("publisher",
+                                                                           "zmq") == "zmq":
+            return KVEndpoints.from_config(name, dict(config), host=host)
+        return None
+
+    def kv_snapshot(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for name in self.subscribed:
+            c = self.kv.counters(name)
+            out[name] = {"kv_event_lag_seconds": c.lag, "kv_event_batches": float(c.batches),
+                         "kv_event_gaps": float(c.gaps), "kv_event_replays": float(c.replays),
+                         "kv_event_decode_errors": float(c.decode_errors)}
+        return out

@@ -1,1 +1,0 @@
-"""router.sim: `kvroute sim-engine`, a simulated vLLM engine speaking the real engine protocol."""

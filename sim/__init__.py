@@ -1,0 +1,1 @@
+"""sim: `kvroute sim-engine`, a simulated vLLM engine speaking the real engine protocol."""

@@ -1,0 +1,303 @@
+"""SimEngine: one simulated vLLM EngineCore process (or thread) speaking the real ZMQ protocol.
+
+The busy loop mirrors ``EngineCoreProc.run_busy_loop``: between steps it takes requests from the
+input sockets (ADD, ABORT, UTILITY; EXECUTOR_FAILED kills it), a step is planned, lasts its
+simulated duration while inputs keep arriving, then completes: outputs go to each client's PUSH
+socket as ``[msgpack(EngineCoreOutputs), *aux ndarray frames]`` and the step's KV events are
+published. A fatal error sends ``ENGINE_CORE_DEAD`` on every output socket, as vLLM does; a plain
+stop (``stop()``, SIGTERM) sends nothing. zmq reconnects to a frontend that comes back at the
+same addresses, so no new handshake is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+
+from sim.config import SimConfig
+from sim.kv_publisher import KVEventPublisher
+from sim.protocol import (
+    EngineSockets,
+    complete_handshake,
+    connect_handshake,
+    connect_io,
+    receive_addresses,
+)
+from sim.request import SimRequest
+from sim.scheduler import Scheduler, StepPlan
+from sim.tokens import request_key
+from wire.engine import (
+    ENGINE_CORE_DEAD,
+    REQ_ABORT,
+    REQ_ADD,
+    REQ_EXECUTOR_FAILED,
+    REQ_START_DP_WAVE,
+    REQ_UTILITY,
+    REQ_WAKEUP,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineError,
+    FinishReason,
+    UtilityOutput,
+    enc_hook,
+    ext_hook,
+)
+from wire.ndarrays import Buffer, encode_ndarray
+
+log = logging.getLogger(__name__)
+
+# Bound the input drained between two step checks, so a flood of requests cannot stall a step.
+_MAX_DRAIN = 4096
+
+
+class OutputEncoder:
+    """vLLM's MsgpackEncoder for outputs: ndarrays inline under 256 bytes, else as aux frames."""
+
+    def __init__(self) -> None:
+        self._aux: list[Buffer] | None = None
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._hook)
+
+    def _hook(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray) and self._aux is not None:
+            return encode_ndarray(obj, self._aux)
+        return enc_hook(obj)
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        aux: list[Buffer] = [b""]
+        self._aux = aux
+        try:
+            aux[0] = self._encoder.encode(obj)
+        finally:
+            self._aux = None
+        return aux
+
+
+class SimEngine:
+    """Run with ``run()`` (blocking: handshake, then serve until ``stop()``)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.scheduler = Scheduler(config)
+        self.kv_publisher: KVEventPublisher | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        wake = f"inproc://sim-engine-wake-{id(self):x}"
+        self._wake_rx = self._ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(wake)
+        self._wake_tx = self._ctx.socket(zmq.PAIR)
+        self._wake_tx.connect(wake)
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest, ext_hook=ext_hook)
+        self._decoder = msgspec.msgpack.Decoder(ext_hook=ext_hook)
+        self._encoder = OutputEncoder()
+
+    def stop(self) -> None:
+        """Ask the loop to exit (thread-safe, idempotent); no ENGINE_CORE_DEAD is sent."""
+        with self._stop_lock:
+            if not self._stopped:
+                self._stopped = True
+                self._wake_tx.send(b"")
+
+    def run(self) -> None:
+        io: EngineSockets | None = None
+        try:
+            hs = connect_handshake(self._ctx, self.config)
+            try:
+                addresses = receive_addresses(hs, self.config.handshake_timeout, self._wake_rx)
+                if addresses is None:
+                    return
+                kv = self.config.kv_events
+                if kv.enable_kv_cache_events and kv.publisher == "zmq":
+                    self.kv_publisher = KVEventPublisher(
+                        self._ctx, kv, self.config.data_parallel_rank
+                    )
+                io = connect_io(self._ctx, self.config, addresses)
+                complete_handshake(
+                    hs, io, self.config, self.kv_publisher.config if self.kv_publisher else None
+                )
+            finally:
+                hs.close(linger=0)
+            self.ready.set()
+            try:
+                self._serve(io)
+            except Exception as e:
+                log.exception("sim engine %d died", self.config.data_parallel_rank)
+                self.error = e
+                for s in io.outputs:
+                    s.send(ENGINE_CORE_DEAD)
+                raise
+        except Exception as e:  # before serving (e.g. a KV endpoint already in use)
+            if self.error is None:
+                log.error("sim engine %d failed to start: %s", self.config.data_parallel_rank, e)
+                self.error = e
+            raise
+        finally:
+            self._close(io)
+
+    def _close(self, io: EngineSockets | None) -> None:
+        if io is not None:
+            for s in io.inputs:
+                s.close(linger=0)
+            for s in io.outputs:
+                # After a death the socket's 4 s linger lets ENGINE_CORE_DEAD reach a live peer;
+                # a clean stop must not hang on a frontend that is already gone.
+                s.close(linger=None if self.error is not None else 200)
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
+        self._wake_rx.close(linger=0)
+        with self._stop_lock:
+            self._stopped = True
+            self._wake_tx.close(linger=0)
+        self._ctx.term()
+
+    # ---- the busy loop ----
+
+    def _serve(self, io: EngineSockets) -> None:
+        poller = zmq.Poller()
+        for s in io.inputs:
+            poller.register(s, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        replay = self.kv_publisher.replay if self.kv_publisher else None
+        if replay is not None:
+            poller.register(replay, zmq.POLLIN)
+        sched = self.scheduler
+        plan: StepPlan | None = None
+        deadline = 0.0
+        while True:
+            if plan is None and sched.has_work():
+                now = time.monotonic()
+                plan = sched.schedule(now)
+                deadline = now + plan.duration
+            timeout = (
+                None if plan is None else math.ceil(max(0.0, deadline - time.monotonic()) * 1e3)
+            )
+            for sock, _ in poller.poll(timeout):
+                if sock is self._wake_rx:
+                    return
+                if sock is replay:
+                    assert self.kv_publisher is not None
+                    self.kv_publisher.service_replay()
+                else:
+                    self._drain(sock, io)
+            if plan is not None and time.monotonic() >= deadline:
+                outputs = sched.finish(plan)
+                plan = None
+                events = sched.pool.take_events()
+                if events and self.kv_publisher is not None:
+                    self.kv_publisher.publish(events)
+                for client, out in outputs.items():
+                    self._send(io, client, out)
+
+    def _send(self, io: EngineSockets, client: int, outputs: EngineCoreOutputs) -> None:
+        outputs.engine_index = self.config.data_parallel_rank
+        if outputs.timestamp == 0.0:  # as vLLM's EngineCoreOutputs.__post_init__
+            outputs.timestamp = time.monotonic()
+        if not 0 <= client < len(io.outputs):
+            log.warning("dropping outputs for unknown client_index %d", client)
+            return
+        io.outputs[client].send_multipart(self._encoder.encode(outputs), copy=False)
+
+    def _drain(self, sock: zmq.Socket[bytes], io: EngineSockets) -> None:
+        for _ in range(_MAX_DRAIN):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frames, io)
+
+    def _handle(self, frames: list[bytes], io: EngineSockets) -> None:
+        kind, data = frames[0], frames[1:]
+        if kind == REQ_EXECUTOR_FAILED:
+            raise RuntimeError("Executor failed.")
+        if kind in (REQ_START_DP_WAVE, REQ_WAKEUP):
+            return
+        # A malformed message is the sender's bug: log it and keep serving everyone else.
+        try:
+            if kind == REQ_ADD:
+                req = self._req_decoder.decode(data[0])
+            elif kind in (REQ_ABORT, REQ_UTILITY):
+                body = self._decoder.decode(data[0])
+                if kind == REQ_ABORT:
+                    ids = [str(i) for i in body]
+                else:
+                    client, call_id, method, args = body
+                    client, call_id, method = int(client), int(call_id), str(method)
+            else:
+                log.error("unrecognized input request type %r", kind)
+                return
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            IndexError,
+            TypeError,
+            ValueError,
+        ) as e:
+            log.error("dropping malformed %r message: %s", kind, e)
+            return
+        if kind == REQ_ADD:
+            self._add(req, io)
+        elif kind == REQ_ABORT:
+            self.scheduler.abort(ids)
+        else:
+            out = EngineCoreOutputs(utility_output=self._utility(call_id, method, args))
+            self._send(io, client, out)
+
+    def _add(self, req: EngineCoreRequest, io: EngineSockets) -> None:
+        cfg = self.config
+        problem = self._reject_reason(req)
+        if problem is not None:
+            log.warning("rejecting request %s: %s", req.request_id, problem)
+            error = EngineCoreOutput(
+                request_id=req.request_id,
+                new_token_ids=[],
+                finish_reason=FinishReason.ERROR,
+                error=EngineError(code=400, message=problem),
+            )
+            self._send(
+                io, req.client_index, EngineCoreOutputs(outputs=[error], timestamp=time.monotonic())
+            )
+            return
+        assert req.prompt_token_ids is not None and req.sampling_params is not None
+        key = request_key(cfg.seed, req.request_id, req.prompt_token_ids, req.sampling_params)
+        self.scheduler.add(SimRequest(req, key, cfg.max_model_len), time.monotonic())
+
+    def _reject_reason(self, req: EngineCoreRequest) -> str | None:
+        cfg = self.config
+        if req.sampling_params is None:
+            return "pooling requests are not supported by the sim engine"
+        prompt = req.prompt_token_ids
+        if not prompt:
+            return "the sim engine needs a non-empty prompt_token_ids"
+        if req.request_id in self.scheduler.requests:
+            return f"request id {req.request_id!r} is already running"
+        if len(prompt) >= cfg.max_model_len:
+            # At least one output token must fit.
+            return f"prompt has {len(prompt)} tokens, max_model_len is {cfg.max_model_len}"
+        vocab = cfg.tokens.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            return f"prompt token ids must lie in [0, {vocab})"
+        if not 0 <= req.client_index < 1 << 16:
+            return "bad client_index"
+        return None
+
+    def _utility(self, call_id: int, method: str, args: Any) -> UtilityOutput:
+        if method == "reset_prefix_cache":
+            value: Any = self.scheduler.reset_prefix_cache(bool(args[0]) if args else False)
+        elif method == "is_sleeping":
+            value = False
+        else:
+            # What vLLM answers when getattr(engine_core, method) fails.
+            msg = f"'EngineCoreProc' object has no attribute '{method}'"
+            return UtilityOutput(call_id, failure_message=f"Call to {method} method failed: {msg}")
+        # vLLM's UtilityResult without pickle support: [type_info=None, value].
+        return UtilityOutput(call_id, result=[None, value])
