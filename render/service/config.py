@@ -8,7 +8,7 @@ from pathlib import Path
 
 from serving.server import DEFAULT_SERVER, SERVERS
 
-EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "qwen3"
+EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen3"
 EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
 DEFAULT_PORT = 8100
 # Bodies up to this many bytes always render on the event loop (~2k tokens). Bigger ones render
