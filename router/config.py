@@ -71,8 +71,7 @@ class RouterConfig:
     api_key: str | None = None
     log_json: bool = True
     log_level: str = "INFO"
-    # The HTTP server: "hypercorn" (h11) or "uvicorn" (httptools, less CPU per request); see
-    # render/asgi_server.py.
+    # The HTTP server, one of render.asgi_server.SERVERS, run stock.
     http_server: str = DEFAULT_SERVER
 
     def __post_init__(self) -> None:
@@ -162,8 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level")
     parser.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
     parser.add_argument("--http-server", choices=SERVERS,
-                        help=f"HTTP server (default {DEFAULT_SERVER}; uvicorn: httptools, "
-                             "less CPU per request)")
+                        help=f"HTTP server, run stock (default {DEFAULT_SERVER})")
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
