@@ -41,7 +41,7 @@ from router_policies import CharTreePolicy, OraclePolicy  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from radix import PrefixIndex  # noqa: E402
-from render.asgi_server import SERVERS  # noqa: E402
+from render.asgi_server import ROUTER_SERVER, SERVERS  # noqa: E402
 from render.sampling import SamplingParams  # noqa: E402
 from router.admission import Admission  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
@@ -111,7 +111,7 @@ def spawn_engine(tmp: Path, name: str, *flags: str) -> subprocess.Popen[bytes]:
 
 # ---- (b) added TTFT ----------------------------------------------------------------------------
 
-async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn",
+async def part_b(n: int, warmup: int = 50, http_server: str = ROUTER_SERVER,
                  floors: tuple[str, ...] = ()) -> dict[str, float]:
     """Two identical sim engine processes (zero engine time): one behind the bench's own
     EngineClient (direct), one behind a `kvroute router` process. Requests alternate one by one
@@ -514,7 +514,7 @@ def plot(c: dict[str, dict[str, float]], path: Path,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="b,c,cpu")
-    p.add_argument("--http-server", default="hypercorn", choices=SERVERS,
+    p.add_argument("--http-server", default=ROUTER_SERVER, choices=SERVERS,
                    help="the router's HTTP server in part (b)")
     p.add_argument("--requests", type=int, default=640)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")

@@ -1,13 +1,13 @@
 """A floor for bench/router.py (b): the least a Python token-in router can do per request.
 
-    .venv/bin/python bench/router_floor.py --server raw|hypercorn|uvicorn --engine ADDR --port N
+    .venv/bin/python bench/router_floor.py --server raw|SERVER --engine ADDR --port N
 
 It answers every POST as `/inference/v1/generate` with max_tokens=1: read the body, decode
 ``request_id`` and ``token_ids``, send the ADD through kvroute's own EngineClient, wait for the
 outputs, write a small JSON answer. No validation, routing, metrics, logs, detokenization or
 disconnect watch. ``raw`` serves it on a bare asyncio Protocol with httptools' parser (no ASGI,
-no server library); ``hypercorn`` and ``uvicorn`` serve it as a raw ASGI app through
-`render/asgi_server.py`, as the router is served (``hypercorn``: the tuned default). Side by
+no server library); the servers of `render/asgi_server.py` serve it as a raw ASGI app, as the
+router is served. Side by
 side with the router in one run, (floor - direct) is what the HTTP hop and that server cost by
 themselves, and (router - floor) what the router's own work adds. Prints ``ready`` once linked.
 """
@@ -26,14 +26,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 import msgspec  # noqa: E402
 import uvloop  # noqa: E402
 
-from render.asgi_server import ServeOptions, bind_socket, serve_asgi  # noqa: E402
+from render.asgi_server import SERVERS, ServeOptions, bind_socket, serve_asgi  # noqa: E402
 from render.sampling import SamplingParams  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
 from router.engine_client import EngineClient  # noqa: E402
 from router.fleet import link_spec  # noqa: E402
 from router.wire import EngineCoreRequest  # noqa: E402
 
-FLOORS = ("raw", "hypercorn", "uvicorn")
+FLOORS = ("raw", *SERVERS)
 
 
 class Generate(msgspec.Struct):

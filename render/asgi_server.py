@@ -8,7 +8,8 @@ not a fork in the code. Every server runs as released, configured only through i
 - ``granian``: Rust (hyper) HTTP, its embedded asyncio server (``granian.server.embed.Server``,
   marked experimental upstream). Its public API binds the listener itself from an address, so
   it cannot take the caller's socket: it rebinds the socket's address (see ``_granian``).
-``DEFAULT_SERVER`` is picked by bench/servers.py (docs/operations.md, "HTTP server").
+Each service's default (``ROUTER_SERVER``, ``RENDER_SERVER``) is picked by measurement,
+bench/servers.py (docs/operations.md, "HTTP server").
 Everything above the server (routes, raw ASGI SSE writes, disconnect detection, draining) is
 plain ASGI; tests/test_server_conformance.py checks that every server behaves the same there.
 """
@@ -29,8 +30,9 @@ from typing import Any
 log = logging.getLogger("kvroute.http")
 
 SERVERS = ("uvicorn", "hypercorn", "granian")
-# The one place the default is chosen (provisional until bench/servers.py's full run).
-DEFAULT_SERVER = "uvicorn"
+# Each service's default server, chosen here only, from bench/servers.py's side-by-side run.
+ROUTER_SERVER = "uvicorn"
+RENDER_SERVER = "uvicorn"
 # Servers whose public API takes an already-listening socket; the others rebind its address.
 TAKES_SOCKET = frozenset({"uvicorn", "hypercorn"})
 
@@ -39,7 +41,7 @@ Shutdown = Callable[[], Awaitable[object]]
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
-    server: str = DEFAULT_SERVER
+    server: str  # one of SERVERS
     backlog: int = 2048  # a burst of connections must not be refused
     keep_alive_timeout: float = 75.0
     graceful_timeout: float = 30.0  # after shutdown: open requests get this long

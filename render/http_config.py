@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from render.asgi_server import DEFAULT_SERVER, SERVERS, TAKES_SOCKET
+from render.asgi_server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "qwen3"
 EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
@@ -19,7 +19,7 @@ DEFAULT_INLINE_BUDGET_MS = 2.0
 # Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
 DEFAULT_INLINE_MAX_BYTES = 65536
 # Chosen by measurement (bench/servers.py; docs/operations.md, "HTTP server").
-DEFAULT_HTTP_SERVER = DEFAULT_SERVER
+DEFAULT_HTTP_SERVER = RENDER_SERVER
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from render.asgi_server import DEFAULT_SERVER, bind_socket
+from render.asgi_server import ROUTER_SERVER, bind_socket
 from router.config import EngineSpec, Limits, RouterConfig
 from router.main import serve
 from router.policy import PolicyConfig
@@ -38,7 +38,7 @@ class ClusterOptions:
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
-    http_server: str = DEFAULT_SERVER
+    http_server: str = ROUTER_SERVER
 
 
 class LocalCluster:

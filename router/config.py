@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from render.asgi_server import DEFAULT_SERVER, SERVERS
+from render.asgi_server import ROUTER_SERVER, SERVERS
 from router.policy import POLICIES, PolicyConfig
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
@@ -72,7 +72,7 @@ class RouterConfig:
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server, one of render.asgi_server.SERVERS, run stock.
-    http_server: str = DEFAULT_SERVER
+    http_server: str = ROUTER_SERVER
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -161,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level")
     parser.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
     parser.add_argument("--http-server", choices=SERVERS,
-                        help=f"HTTP server, run stock (default {DEFAULT_SERVER})")
+                        help=f"HTTP server, run stock (default {ROUTER_SERVER})")
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:

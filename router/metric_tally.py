@@ -53,7 +53,7 @@ class HistogramTally(Collector):
     ``_created`` sample.
     """
 
-    __slots__ = ("name", "documentation", "_bounds", "_counts", "_sum")
+    __slots__ = ("name", "documentation", "_bounds", "_les", "_counts", "_sum")
 
     def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
         bounds = [float(b) for b in buckets]
@@ -64,6 +64,8 @@ class HistogramTally(Collector):
         self.name = name
         self.documentation = documentation
         self._bounds = bounds
+        # The `le` labels as Histogram writes them (prometheus_client.utils is untyped).
+        self._les: list[str] = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]
         self._counts = [0] * len(bounds)
         self._sum = 0.0
 
@@ -80,9 +82,9 @@ class HistogramTally(Collector):
         # bucket is negative (then the sum is no longer monotonic).
         family = Metric(self.name, self.documentation, "histogram")
         total = 0
-        for bound, count in zip(self._bounds, self._counts, strict=True):
+        for le, count in zip(self._les, self._counts, strict=True):
             total += count
-            family.add_sample(self.name + "_bucket", {"le": floatToGoString(bound)}, total)
+            family.add_sample(self.name + "_bucket", {"le": le}, total)
         family.add_sample(self.name + "_count", {}, total)
         if self._bounds[0] >= 0:
             family.add_sample(self.name + "_sum", {}, self._sum)

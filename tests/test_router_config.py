@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from render.asgi_server import DEFAULT_SERVER, SERVERS
+from render.asgi_server import ROUTER_SERVER, SERVERS
 from router.admission import Admission, Overloaded
 from router.config import ConfigError, from_mapping
 from router.main import parse
@@ -60,7 +60,7 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
     assert cfg.engines[0].name == "x" and cfg.engines[0].block_size == 128
     assert cfg.engines[0].kv_events == "tcp://h:2"
     assert cfg.engines[1].name == "engine-1" and cfg.engines[1].handshake == "ipc:///tmp/e.hs"
-    assert cfg.http_server == DEFAULT_SERVER
+    assert cfg.http_server == ROUTER_SERVER
     for server in SERVERS:
         assert parse(["--http-server", server]).http_server == server
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from render.asgi_server import DEFAULT_SERVER
+from render.asgi_server import ROUTER_SERVER
 from router.cluster import ClusterOptions, LocalCluster
 from router.config import Limits
 from router.fast_path import FastPath
@@ -36,7 +36,7 @@ class CountingFastPath(FastPath):
 def cluster() -> Iterator[LocalCluster]:
     # On the default server; every other one passes tests/test_server_conformance.py.
     opts = ClusterOptions(engines=1, api_key=KEY, limits=Limits(max_body_bytes=4000),
-                          http_server=DEFAULT_SERVER)
+                          http_server=ROUTER_SERVER)
     with LocalCluster(opts) as c:
         fast = c._app.fast
         c._app.fast = CountingFastPath(fast.api_key.decode(), fast.lifecycle,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from render.asgi_server import DEFAULT_SERVER
+from render.asgi_server import ROUTER_SERVER
 from render.models import __file__ as _models_init
 from router.cluster import ClusterOptions, LocalCluster
 
@@ -22,7 +22,7 @@ SYSTEM = "You are a terse assistant that answers in one sentence. " * 6
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     """On the default HTTP server; every other one passes tests/test_server_conformance.py."""
-    opts = ClusterOptions(engines=3, sim={"step_time": 0.002}, http_server=DEFAULT_SERVER)
+    opts = ClusterOptions(engines=3, sim={"step_time": 0.002}, http_server=ROUTER_SERVER)
     with LocalCluster(opts) as c:
         yield c
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from render.asgi_server import SERVERS, ServeOptions, serve_asgi
+from render.asgi_server import RENDER_SERVER, SERVERS, ServeOptions, serve_asgi
+from tests.render_proc import render_server
+from tests.test_render_server import HI, NO_HELPER, assert_openai_error, post
 
 pytestmark = pytest.mark.parametrize("server", SERVERS)
 
@@ -225,3 +227,19 @@ async def test_shutdown_drains_an_open_stream_and_refuses_new_connections(
         assert chunks == ["0", "1", "2", "3", "4"]
     with pytest.raises(OSError):
         await asyncio.open_connection(host, port)
+
+
+@pytest.fixture(scope="module")
+def default_render() -> Iterator[str]:
+    with render_server("--http-server", RENDER_SERVER, *NO_HELPER) as url:
+        yield url
+
+
+def test_render_service_answers_as_on_its_default(server: str, default_render: str) -> None:
+    """`kvroute render --http-server SERVER` gives the default server's answers and errors."""
+    path = "/v1/chat/completions/render"
+    body = {"messages": HI, "request_id": "same"}
+    with render_server("--http-server", server, *NO_HELPER) as url:
+        assert post(url, path, body).json() == post(default_render, path, body).json()
+        err = assert_openai_error(post(url, path, {"model": "nope", "messages": HI}), 404)
+        assert (err["type"], err["param"]) == ("NotFoundError", "model")
