@@ -438,10 +438,11 @@ def ttft_verdict(runs: dict[str, list[dict[str, float]]], key: str = "ttft_p50_m
 
 # ---- whole-router CPU per streamed token -----------------------------------------------------
 
-async def part_cpu(n: int, max_tokens: int, concurrency: int) -> dict[str, float]:
+async def part_cpu(n: int, max_tokens: int, concurrency: int,
+                   http_server: str = ROUTER_SERVER) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="kvr-bench-cpu-"))
     engines = [spawn_engine(tmp, f"e{i}", "--step-time", "0.001") for i in range(2)]
-    router, port = start_router(tmp, ["e0", "e1"])
+    router, port = start_router(tmp, ["e0", "e1"], "--http-server", http_server)
     proc = psutil.Process(router.pid)
     rng = random.Random(2)
     tokens = 0
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="b,c,cpu")
     p.add_argument("--http-server", default=ROUTER_SERVER, choices=SERVERS,
-                   help="the router's HTTP server in part (b)")
+                   help="the router's HTTP server in parts (b) and (cpu)")
     p.add_argument("--requests", type=int, default=640)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")
     p.add_argument("--floors", default="",
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             results["c_verdict"] = report_c(c, results["c_runs"])
     if "cpu" in parts:
         print("(cpu) router process CPU per streamed token (2 sim engines, /v1/completions SSE)")
-        results["cpu"] = asyncio.run(part_cpu(200, 64, 16))
+        results["cpu"] = asyncio.run(part_cpu(200, 64, 16, a.http_server))
         print("  " + json.dumps({k: round(v, 3) for k, v in results["cpu"].items()}))
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
