@@ -49,6 +49,7 @@ def _render_bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("bench_render", ROOT / "bench" / "render.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
 
