@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from render.asgi_server import RENDER_SERVER, SERVERS, ServeOptions, serve_asgi
+from render.asgi_server import RENDER_SERVER, SERVERS, TAKES_SOCKET, ServeOptions, serve_asgi
+from render.http_config import parse_args
 from tests.render_proc import render_server
 from tests.test_render_server import HI, NO_HELPER, assert_openai_error, post
 
@@ -243,3 +244,14 @@ def test_render_service_answers_as_on_its_default(server: str, default_render: s
         assert post(url, path, body).json() == post(default_render, path, body).json()
         err = assert_openai_error(post(url, path, {"model": "nope", "messages": HI}), 404)
         assert (err["type"], err["param"]) == ("NotFoundError", "model")
+
+
+def test_render_workers_share_a_socket_only_on_servers_that_take_one(
+        server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_args(["--http-server", server]).http_server == server
+    if server in TAKES_SOCKET:
+        assert parse_args(["--http-server", server, "--workers", "2"]).workers == 2
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(["--http-server", server, "--workers", "2"])
+        assert f"--http-server {server} serves one process" in capsys.readouterr().err
