@@ -23,7 +23,7 @@ import math
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +119,9 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
             if shutdown is None:
                 with super().capture_signals():
                     yield
-            else:  # the caller owns the signals (e.g. the router flips readiness first)
+            else:
+                # The caller owns the signals (the router flips readiness first). uvicorn has
+                # no setting for this; a no-op capture_signals is how vLLM's API server does it.
                 yield
 
     config = uvicorn.Config(
@@ -183,7 +185,7 @@ async def _granian(app: Any, sock: socket.socket, opts: ServeOptions,
 
 @contextlib.asynccontextmanager
 async def _stopping(shutdown: Shutdown | None, stop: Callable[[], None],
-                    own_signals: bool) -> Any:
+                    own_signals: bool) -> AsyncIterator[None]:
     """Calls ``stop`` once ``shutdown()`` returns; without ``shutdown`` and with ``own_signals``
     (a server that installs no handlers of its own), on SIGINT/SIGTERM."""
     loop = asyncio.get_running_loop()
