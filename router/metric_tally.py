@@ -53,7 +53,7 @@ class HistogramTally(Collector):
     ``_created`` sample.
     """
 
-    __slots__ = ("name", "documentation", "_bounds", "_les", "_counts", "_sum")
+    __slots__ = ("name", "documentation", "_bounds", "_les", "_counts", "_total")
 
     def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
         bounds = [float(b) for b in buckets]
@@ -67,12 +67,12 @@ class HistogramTally(Collector):
         # The `le` labels as Histogram writes them (prometheus_client.utils is untyped).
         self._les: list[str] = [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]
         self._counts = [0] * len(bounds)
-        self._sum = 0.0
+        self._total = 0.0
 
     def observe(self, amount: float) -> None:
         # As Histogram.observe: a value counts in the first bucket whose bound is >= it.
         self._counts[bisect_left(self._bounds, amount)] += 1
-        self._sum += amount
+        self._total += amount
 
     def describe(self) -> list[Metric]:
         return [Metric(self.name, self.documentation, "histogram")]
@@ -87,7 +87,7 @@ class HistogramTally(Collector):
             family.add_sample(self.name + "_bucket", {"le": le}, total)
         family.add_sample(self.name + "_count", {}, total)
         if self._bounds[0] >= 0:
-            family.add_sample(self.name + "_sum", {}, self._sum)
+            family.add_sample(self.name + "_sum", {}, self._total)
         yield family
 
 
