@@ -9,8 +9,9 @@ Server CPU per request is the psutil CPU time of the server's process tree over 
 the requests answered. Each (workload, concurrency) uses fresh bodies, identical for every server,
 so no server answers from a cache filled by an earlier run. All servers run at once and every row
 is measured on each of them back to back (order rotated per repeat); the table is the median of
-the repeats. Servers floor-hypercorn / floor-uvicorn serve a raw ASGI app that only reads the body
-and answers a render-sized JSON: the HTTP server's own CPU per request, the floor under a render.
+the repeats. Server kvroute runs the default HTTP server, kvroute-<server> the one named; servers
+floor-<server> serve a raw ASGI app that only reads the body and answers a render-sized JSON: the
+HTTP server's own CPU per request, the floor under a render.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from httpload import LoadStats, run_in_process  # noqa: E402
 from render_workloads import multi_turn_chats, unique_chats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# The package, ahead of this file's directory (where `render` is this script).
+sys.path.insert(0, str(ROOT))
+from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET  # noqa: E402
+
 CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
 MODEL_DIR = ROOT / "render" / "models" / "qwen3"
 NAME = "Qwen/Qwen3-0.6B"
@@ -114,13 +119,14 @@ def start(kind: str, cpus: str, ncpus: int, log_dir: Path) -> Server:
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
-    if kind in ("kvroute", "kvroute-uvicorn", "kvroute-hypercorn-stock"):
-        # kvroute on its default server (Hypercorn, as the issue specifies, with kvroute's
-        # tuning), on Hypercorn as released, and on uvicorn.
-        http = kind.removeprefix("kvroute-") if kind != "kvroute" else "hypercorn"
+    if kind == "kvroute" or kind.removeprefix("kvroute-") in SERVERS:
+        # kvroute on its default server, or on the one named.
+        http = kind.removeprefix("kvroute-") if kind != "kvroute" else RENDER_SERVER
+        if http not in TAKES_SOCKET and ncpus > 1:
+            raise SystemExit(f"{kind}: --http-server {http} serves one worker; pin one core")
         cmd = [sys.executable, "-m", "render.service.server", "--port", str(port),
                "--workers", str(ncpus), "--http-server", http]
-    elif kind in ("floor-hypercorn", "floor-hypercorn-stock", "floor-uvicorn"):
+    elif kind.removeprefix("floor-") in SERVERS:
         # The HTTP server alone: a raw ASGI app answering like a render, without rendering.
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-floor",
                kind.removeprefix("floor-"), "--floor-port", str(port)]
@@ -186,7 +192,6 @@ async def floor_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def serve_floor(server: str, port: int) -> int:
     import uvloop
 
-    sys.path.insert(0, str(ROOT))
     from serving.server import ServeOptions, serve_asgi
 
     sock = socket.socket()
@@ -212,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                         "median of each column")
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "render.json")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "render_bench.png")
-    p.add_argument("--serve-floor", choices=("hypercorn", "hypercorn-stock", "uvicorn"),
-                   help="(internal) serve the floor app on --floor-port; servers floor-hypercorn "
-                        "and floor-uvicorn run it, to measure the HTTP server's own CPU")
+    p.add_argument("--serve-floor", choices=SERVERS,
+                   help="(internal) serve the floor app on --floor-port; servers floor-<server> "
+                        "run it, to measure the HTTP server's own CPU")
     p.add_argument("--floor-port", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve_floor:
@@ -311,7 +316,7 @@ def table(rows: list[dict[str, float | str]], kinds: list[str]) -> str:
         head += [f"{k} req/s", f"{k} p50/p99 ms", f"{k} CPU ms/req"]
     # req/s ratios, and CPU-per-request ratios (anchor CPU / kvroute CPU: the throughput ratio
     # on equal idle cores, which a loaded machine's scheduling does not blur).
-    ratios = [(kv, k) for kv in ("kvroute", "kvroute-hypercorn-stock", "kvroute-uvicorn")
+    ratios = [(kv, k) for kv in ("kvroute", *(f"kvroute-{s}" for s in SERVERS))
               for k in ("vllm-py", "vllm-rs") if k in kinds and kv in kinds]
     head += [f"{kv}/{k} req/s (CPU)" for kv, k in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

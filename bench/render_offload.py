@@ -10,8 +10,8 @@ while the sender builds its next chat (control: another process busy on a core, 
 rendering) and 30 with nothing running (idle). Kinds: helper (`kvroute render`, default:
 --render-processes 1), thread (--render-processes 0), ping (the helper server, the same bodies
 POSTed to /ping: the HTTP server reading 400 KB with no render at all, the floor under the
-others), uvicorn (helper on --http-server uvicorn), and helper-stock / ping-stock (the same on
-Hypercorn as released, without kvroute's tuning). Per kind: medians over the rounds of each
+others), uvicorn (helper on --http-server uvicorn), and helper-hypercorn / ping-hypercorn (the
+same on --http-server hypercorn). Per kind: medians over the rounds of each
 round's p50 / p99 / max.
 """
 
@@ -37,8 +37,8 @@ KINDS = {
     "thread": ("--render-processes", "0"),
     "ping": (),
     "uvicorn": ("--http-server", "uvicorn"),
-    "helper-stock": ("--http-server", "hypercorn-stock"),
-    "ping-stock": ("--http-server", "hypercorn-stock"),
+    "helper-hypercorn": ("--http-server", "hypercorn"),
+    "ping-hypercorn": ("--http-server", "hypercorn"),
 }
 HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -49,7 +49,7 @@ from router.routing.admission import Admission  # noqa: E402
 from router.routing.dispatch import Dispatcher  # noqa: E402
 from router.routing.fleet import Fleet, link_spec  # noqa: E402
 from router.routing.policy import Policy, PolicyConfig  # noqa: E402
-from serving.server import SERVERS  # noqa: E402
+from serving.server import ROUTER_SERVER, SERVERS  # noqa: E402
 from sim.config import KVEventsConfig, default_model_dir  # noqa: E402
 from sim.launch import spawn_sim_engine, start_sim_engine  # noqa: E402
 from sim.tokens import TokenTable  # noqa: E402
@@ -111,7 +111,7 @@ def spawn_engine(tmp: Path, name: str, *flags: str) -> subprocess.Popen[bytes]:
 
 # ---- (b) added TTFT ----------------------------------------------------------------------------
 
-async def part_b(n: int, warmup: int = 50, http_server: str = "hypercorn",
+async def part_b(n: int, warmup: int = 50, http_server: str = ROUTER_SERVER,
                  floors: tuple[str, ...] = ()) -> dict[str, float]:
     """Two identical sim engine processes (zero engine time): one behind the bench's own
     EngineClient (direct), one behind a `kvroute router` process. Requests alternate one by one
@@ -438,10 +438,11 @@ def ttft_verdict(runs: dict[str, list[dict[str, float]]], key: str = "ttft_p50_m
 
 # ---- whole-router CPU per streamed token -----------------------------------------------------
 
-async def part_cpu(n: int, max_tokens: int, concurrency: int) -> dict[str, float]:
+async def part_cpu(n: int, max_tokens: int, concurrency: int,
+                   http_server: str = ROUTER_SERVER) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="kvr-bench-cpu-"))
     engines = [spawn_engine(tmp, f"e{i}", "--step-time", "0.001") for i in range(2)]
-    router, port = start_router(tmp, ["e0", "e1"])
+    router, port = start_router(tmp, ["e0", "e1"], "--http-server", http_server)
     proc = psutil.Process(router.pid)
     rng = random.Random(2)
     tokens = 0
@@ -514,8 +515,8 @@ def plot(c: dict[str, dict[str, float]], path: Path,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--parts", default="b,c,cpu")
-    p.add_argument("--http-server", default="hypercorn", choices=SERVERS,
-                   help="the router's HTTP server in part (b)")
+    p.add_argument("--http-server", default=ROUTER_SERVER, choices=SERVERS,
+                   help="the router's HTTP server in parts (b) and (cpu)")
     p.add_argument("--requests", type=int, default=640)
     p.add_argument("--b-requests", type=int, default=400, help="(b): pairs per path kind")
     p.add_argument("--floors", default="",
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             results["c_verdict"] = report_c(c, results["c_runs"])
     if "cpu" in parts:
         print("(cpu) router process CPU per streamed token (2 sim engines, /v1/completions SSE)")
-        results["cpu"] = asyncio.run(part_cpu(200, 64, 16))
+        results["cpu"] = asyncio.run(part_cpu(200, 64, 16, a.http_server))
         print("  " + json.dumps({k: round(v, 3) for k, v in results["cpu"].items()}))
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))

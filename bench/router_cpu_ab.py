@@ -30,7 +30,7 @@ import psutil  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from bench.router import pct, spawn_engine, start_router_flags  # noqa: E402
-from serving.server import SERVERS  # noqa: E402
+from serving.server import ROUTER_SERVER, SERVERS  # noqa: E402
 
 ZERO = ("--step-time", "0", "--prefill-time-per-token", "0")
 
@@ -118,7 +118,7 @@ async def run(trees: list[Path], server: str, n: int, rounds: int, warmup: int) 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs="+", type=Path, help="source trees (each with .venv usable)")
-    p.add_argument("--http-server", default="hypercorn", choices=SERVERS)
+    p.add_argument("--http-server", default=ROUTER_SERVER, choices=SERVERS)
     p.add_argument("--requests", type=int, default=1000, help="per tree and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=300)

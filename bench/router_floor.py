@@ -1,13 +1,13 @@
 """A floor for bench/router.py (b): the least a Python token-in router can do per request.
 
-    .venv/bin/python bench/router_floor.py --server raw|hypercorn|uvicorn --engine ADDR --port N
+    .venv/bin/python bench/router_floor.py --server raw|SERVER --engine ADDR --port N
 
 It answers every POST as `/inference/v1/generate` with max_tokens=1: read the body, decode
 ``request_id`` and ``token_ids``, send the ADD through kvroute's own EngineClient, wait for the
 outputs, write a small JSON answer. No validation, routing, metrics, logs, detokenization or
 disconnect watch. ``raw`` serves it on a bare asyncio Protocol with httptools' parser (no ASGI,
-no server library); ``hypercorn`` and ``uvicorn`` serve it as a raw ASGI app through
-`serving/server.py`, as the router is served (``hypercorn``: the tuned default). Side by
+no server library); the servers of `serving/server.py` serve it as a raw ASGI app, as the
+router is served. Side by
 side with the router in one run, (floor - direct) is what the HTTP hop and that server cost by
 themselves, and (router - floor) what the router's own work adds. Prints ``ready`` once linked.
 """
@@ -29,11 +29,11 @@ import uvloop  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
 from router.link.engine_client import EngineClient  # noqa: E402
 from router.routing.fleet import link_spec  # noqa: E402
-from serving.server import ServeOptions, bind_socket, serve_asgi  # noqa: E402
+from serving.server import SERVERS, ServeOptions, bind_socket, serve_asgi  # noqa: E402
 from wire.engine import EngineCoreRequest  # noqa: E402
 from wire.sampling import SamplingParams  # noqa: E402
 
-FLOORS = ("raw", "hypercorn", "uvicorn")
+FLOORS = ("raw", *SERVERS)
 
 
 class Generate(msgspec.Struct):

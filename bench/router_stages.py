@@ -55,7 +55,6 @@ def _serve(argv: list[str]) -> int:
     import hypercorn.protocol.h11 as h11_protocol
     from hypercorn.events import RawData
 
-    import render.hypercorn_tuning as hypercorn_tuning
     import router.front.app as app
     import router.front.fast_path as fast_path
     import router.front.respond as respond
@@ -92,11 +91,9 @@ def _serve(argv: list[str]) -> int:
 
     mark_async(h11_protocol.H11Protocol, "handle", "in",
                when=lambda _self, event: isinstance(event, RawData))
-    # The tuned server's own protocol_send (render/hypercorn_tuning.py) and the stock one it
-    # falls back to: a request's first write is its mark (later ones are ignored).
-    for server_cls in (tcp_server.TCPServer, hypercorn_tuning.LeanTCPServer):
-        mark_async(server_cls, "protocol_send", "write",
-                   when=lambda _self, event: isinstance(event, RawData) and bool(event.data))
+    # A request's first write is its mark (later ones are ignored).
+    mark_async(tcp_server.TCPServer, "protocol_send", "write",
+               when=lambda _self, event: isinstance(event, RawData) and bool(event.data))
     mark_async(app.RouterApp, "__call__", "app")
     mark_sync(policy.Policy, "decide", "decide", "decided")
     mark_async(engine_client.EngineClient, "_send", "sent", after=True)
@@ -198,12 +195,11 @@ async def _run(n: int, warmup: int, server: str) -> None:
 def main() -> int:
     if sys.argv[1:2] == ["--serve"]:
         return _serve(sys.argv[2:])
-    from serving.server import SERVERS
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=1200)
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--http-server", default="hypercorn", choices=SERVERS)
+    # The stage marks wrap Hypercorn's protocol classes: the other servers have no such hooks.
+    p.add_argument("--http-server", default="hypercorn", choices=("hypercorn",))
     a = p.parse_args()
     asyncio.run(_run(a.requests, a.warmup, a.http_server))
     return 0

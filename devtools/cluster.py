@@ -19,7 +19,7 @@ import msgspec
 from router.config import EngineSpec, Limits, RouterConfig
 from router.main import serve
 from router.routing.policy import PolicyConfig
-from serving.server import DEFAULT_SERVER, bind_socket
+from serving.server import ROUTER_SERVER, bind_socket
 from sim.config import KVEventsConfig, default_model_dir
 from sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from sim.tokens import TokenTable
@@ -38,7 +38,7 @@ class ClusterOptions:
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
-    http_server: str = DEFAULT_SERVER
+    http_server: str = ROUTER_SERVER
 
 
 class LocalCluster:

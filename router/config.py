@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from router.routing.policy import POLICIES, PolicyConfig
-from serving.server import DEFAULT_SERVER, SERVERS
+from serving.server import ROUTER_SERVER, SERVERS
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
 
@@ -71,9 +71,8 @@ class RouterConfig:
     api_key: str | None = None
     log_json: bool = True
     log_level: str = "INFO"
-    # The HTTP server: "hypercorn" (h11) or "uvicorn" (httptools, less CPU per request); see
-    # serving/server.py.
-    http_server: str = DEFAULT_SERVER
+    # The HTTP server, one of serving.server.SERVERS, run stock.
+    http_server: str = ROUTER_SERVER
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -162,8 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level")
     parser.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
     parser.add_argument("--http-server", choices=SERVERS,
-                        help=f"HTTP server (default {DEFAULT_SERVER}; uvicorn: httptools, "
-                             "less CPU per request)")
+                        help=f"HTTP server, run stock (default {ROUTER_SERVER})")
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:

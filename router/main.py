@@ -1,4 +1,4 @@
-"""`kvroute router`: parse the config once, serve it (Hypercorn or uvicorn), drain on SIGTERM."""
+"""`kvroute router`: parse the config once, serve it (serving.server), drain on SIGTERM."""
 
 from __future__ import annotations
 

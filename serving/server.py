@@ -1,12 +1,17 @@
-"""Serve an ASGI app on a bound socket: Hypercorn (h11; the default, tuned) or uvicorn (httptools).
+"""Serve an ASGI app on a bound socket with a stock HTTP server: uvicorn, Hypercorn or Granian.
 
 Both services (render, router) serve through this one function, so the HTTP server is a setting,
-not a fork in the code. Hypercorn is the default the issues specify. uvicorn with httptools (llhttp,
-C) parses a request for a fraction of h11's CPU — ~0.1-0.2 ms of server CPU per request here against
-~0.35-0.5 ms for tuned Hypercorn and ~0.5-0.7 ms for stock, measured side by side
-(docs/benchmarks.md, "Hypercorn tuned") — so `--http-server uvicorn` is offered to deployments
-where per-request CPU matters most. Everything above the server (routes, raw ASGI SSE
-writes, disconnect detection, draining) is plain ASGI and behaves the same on both.
+not a fork in the code. Every server runs as released, configured only through its public options:
+- ``uvicorn``: httptools (llhttp, C) for HTTP/1.1, on the caller's uvloop; what vLLM's own API
+  server runs.
+- ``hypercorn``: h11 (pure Python), ``hypercorn.asyncio.serve`` with a ``Config``.
+- ``granian``: Rust (hyper) HTTP, its embedded asyncio server (``granian.server.embed.Server``,
+  marked experimental upstream). Its public API binds the listener itself from an address, so
+  it cannot take the caller's socket: it rebinds the socket's address (see ``_granian``).
+Each service's default (``ROUTER_SERVER``, ``RENDER_SERVER``) is picked by measurement,
+bench/servers.py (docs/operations.md, "HTTP server").
+Everything above the server (routes, raw ASGI SSE writes, disconnect detection, draining) is
+plain ASGI; tests/test_server_conformance.py checks that every server behaves the same there.
 """
 
 from __future__ import annotations
@@ -16,22 +21,27 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("kvroute.http")
 
-SERVERS = ("hypercorn", "hypercorn-stock", "uvicorn")
-DEFAULT_SERVER = "hypercorn"
+SERVERS = ("uvicorn", "hypercorn", "granian")
+# Each service's default server, chosen here only, from bench/servers.py's side-by-side run.
+ROUTER_SERVER = "uvicorn"
+RENDER_SERVER = "uvicorn"
+# Servers whose public API takes an already-listening socket; the others rebind its address.
+TAKES_SOCKET = frozenset({"uvicorn", "hypercorn"})
 
 Shutdown = Callable[[], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
-    server: str = DEFAULT_SERVER
+    server: str  # one of SERVERS
     backlog: int = 2048  # a burst of connections must not be refused
     keep_alive_timeout: float = 75.0
     graceful_timeout: float = 30.0  # after shutdown: open requests get this long
@@ -61,25 +71,22 @@ def bind_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
 async def serve_asgi(app: Any, sock: socket.socket, opts: ServeOptions,
                      shutdown: Shutdown | None = None) -> None:
     """Serve ``app`` on the listening ``sock`` until ``shutdown()`` returns (then open requests
-    get ``graceful_timeout``). Without ``shutdown`` the server's own SIGINT/SIGTERM handling
-    stops it. The caller runs the event loop (uvloop) and closes ``sock`` afterwards."""
+    get ``graceful_timeout``). Without ``shutdown`` SIGINT/SIGTERM stop it. The caller runs the
+    event loop (uvloop) and closes ``sock`` afterwards (closing twice is harmless)."""
     if opts.server == "uvicorn":
         await _uvicorn(app, sock, opts, shutdown)
+    elif opts.server == "hypercorn":
+        await _hypercorn(app, sock, opts, shutdown)
     else:
-        await _hypercorn(app, sock, opts, shutdown, tuned=opts.server == "hypercorn")
+        await _granian(app, sock, opts, shutdown)
 
 
 async def _hypercorn(app: Any, sock: socket.socket, opts: ServeOptions,
-                     shutdown: Shutdown | None, tuned: bool) -> None:
+                     shutdown: Shutdown | None) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
-    from render import hypercorn_tuning
-
-    # Tuned (the default): compiled h11, a lazy keep-alive timer, a cached Date header
-    # (render/hypercorn_tuning.py); "hypercorn-stock" serves Hypercorn exactly as released.
-    tuned = hypercorn_tuning.apply(tuned)
-    hc = hypercorn_tuning.TunedConfig() if tuned else Config()
+    hc = Config()
     # Hypercorn closes the descriptor it served: give it its own, the caller closes ``sock``.
     hc.bind = [f"fd://{os.dup(sock.fileno())}"]
     hc.backlog = opts.backlog  # Hypercorn re-listens with its own backlog (default 100)
@@ -92,9 +99,7 @@ async def _hypercorn(app: Any, sock: socket.socket, opts: ServeOptions,
     hc.graceful_timeout = opts.graceful_timeout
     hc.startup_timeout = opts.startup_timeout
     hc.h11_max_incomplete_size = opts.max_head_bytes
-    # No `server: hypercorn-h11` on every response (uvicorn's is off below too): one header less
-    # for h11 to validate and write per request. The Date header stays (RFC 9110 8.6.1).
-    hc.include_server_header = False
+    hc.include_server_header = False  # as on uvicorn below: no server banner per response
     await serve(app, hc, shutdown_trigger=shutdown)
 
 
@@ -103,8 +108,8 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
     import uvicorn
 
     if "uvloop" not in type(asyncio.get_running_loop()).__module__:
-        # Measured: uvicorn's httptools protocol on the stdlib loop answers keep-alive requests
-        # ~40 ms apart (0.15 ms on uvloop); the services run uvloop wherever it installs.
+        # uvicorn's httptools protocol on the stdlib loop answers keep-alive requests tens of ms
+        # apart; the services run uvloop wherever it installs.
         log.warning("uvicorn runs on %s, not uvloop: keep-alive requests will be slow",
                     type(asyncio.get_running_loop()).__name__)
 
@@ -114,7 +119,9 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
             if shutdown is None:
                 with super().capture_signals():
                     yield
-            else:  # the caller owns the signals (e.g. the router flips readiness first)
+            else:
+                # The caller owns the signals (the router flips readiness first). uvicorn has
+                # no setting for this; a no-op capture_signals is how vLLM's API server does it.
                 yield
 
     config = uvicorn.Config(
@@ -135,16 +142,70 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
         limit_max_requests=None,  # as vLLM's servers: no cap per process or connection
     )
     server = Server(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    async with _stopping(shutdown, stop, own_signals=False):
+        await server.serve(sockets=[sock])
+
+
+async def _granian(app: Any, sock: socket.socket, opts: ServeOptions,
+                   shutdown: Shutdown | None) -> None:
+    """Granian's embedded server on ``sock``'s address.
+
+    Its public API takes an address, not a socket, and binds with SO_REUSEPORT itself. So the
+    caller's socket is closed here first (a listener left open beside Granian's would take a
+    share of the connections and never answer them) and Granian binds the same host and port.
+    Limits that follow: a connection queued on ``sock`` before this call is reset, one that
+    arrives during the app's lifespan startup (Granian listens after it) is refused, and ``sock``
+    must be this process's only handle on the port (render's ``--workers 1``). Once stopped,
+    the embedded server no longer delivers an open response's sends: it does not drain (the
+    router drains its own streams before it stops the server; render's open requests are cut).
+    It has no keep-alive idle timeout, graceful-timeout or head-size setting (hyper's apply)."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
+    host, port = sock.getsockname()[:2]
+    sock.close()
+    loggers = None if opts.error_log else {  # propagate to the caller's logging instead
+        "_granian": {"handlers": [], "propagate": True},
+        "granian.access": {"handlers": [], "propagate": True}}
+    server = Server(
+        app, address=host, port=port, interface=Interfaces.ASGI, http=HTTPModes.http1,
+        websockets=False, backlog=opts.backlog,
+        log_enabled=True, log_level=LogLevels.info if opts.access_log else LogLevels.warning,
+        log_access=opts.access_log,
+        log_dictconfig=None if loggers is None else {"loggers": loggers},
+    )
+    async with _stopping(shutdown, server.stop, own_signals=True):
+        await server.serve()
+
+
+@contextlib.asynccontextmanager
+async def _stopping(shutdown: Shutdown | None, stop: Callable[[], None],
+                    own_signals: bool) -> AsyncIterator[None]:
+    """Calls ``stop`` once ``shutdown()`` returns; without ``shutdown`` and with ``own_signals``
+    (a server that installs no handlers of its own), on SIGINT/SIGTERM."""
+    loop = asyncio.get_running_loop()
     trigger = None
+    signals: tuple[signal.Signals, ...] = ()
     if shutdown is not None:
         async def stop_when_told() -> None:
             await shutdown()
-            server.should_exit = True
+            stop()
 
         trigger = asyncio.create_task(stop_when_told(), name="asgi-shutdown")
+    elif own_signals:
+        signals = (signal.SIGINT, signal.SIGTERM)
+        for sig in signals:
+            loop.add_signal_handler(sig, stop)
     try:
-        await server.serve(sockets=[sock])
+        yield
     finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
         if trigger is not None:
             trigger.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -11,6 +11,7 @@ import pytest
 from router.config import ConfigError, from_mapping
 from router.main import parse
 from router.routing.admission import Admission, Overloaded
+from serving.server import ROUTER_SERVER, SERVERS
 
 TOML = """
 host = "0.0.0.0"
@@ -59,8 +60,9 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
     assert cfg.engines[0].name == "x" and cfg.engines[0].block_size == 128
     assert cfg.engines[0].kv_events == "tcp://h:2"
     assert cfg.engines[1].name == "engine-1" and cfg.engines[1].handshake == "ipc:///tmp/e.hs"
-    assert cfg.http_server == "hypercorn"  # the default the issues specify
-    assert parse(["--http-server", "uvicorn"]).http_server == "uvicorn"
+    assert cfg.http_server == ROUTER_SERVER
+    for server in SERVERS:
+        assert parse(["--http-server", server]).http_server == server
 
 
 @pytest.mark.parametrize("data, needle", [

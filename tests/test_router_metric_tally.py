@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from router.obs.metric_tally import FlushFirst, Tallies
+from router.obs.metric_tally import CounterTally, FlushFirst, HistogramTally, Tallies
 from router.obs.metrics import RouterMetrics
 
 BUCKETS = (-4, -1, 0, 0.001, 0.5, 1, 2.5)
@@ -19,13 +19,19 @@ updates = st.lists(st.one_of(
 ), max_size=60)
 
 
-def _registry(tallies: Tallies | None = None
-              ) -> tuple[CollectorRegistry, Histogram, Counter, Counter]:
+def _registry() -> tuple[CollectorRegistry, Histogram, Counter, Counter]:
     r = CollectorRegistry(auto_describe=True)
-    if tallies is not None:
-        r.register(FlushFirst(tallies))  # before the metrics, as RouterMetrics does
     return (r, Histogram("h", "h", buckets=BUCKETS, registry=r),
             Counter("c", "c", ["l"], registry=r), Counter("p", "p", registry=r))
+
+
+def _tallied(tallies: Tallies
+             ) -> tuple[CollectorRegistry, HistogramTally, CounterTally, CounterTally]:
+    r = CollectorRegistry(auto_describe=True)
+    r.register(FlushFirst(tallies))  # before the metrics, as RouterMetrics does
+    return (r, tallies.histogram("h", "h", BUCKETS, r),
+            tallies.counter(Counter("c", "c", ["l"], registry=r)),
+            tallies.counter(Counter("p", "p", registry=r)))
 
 
 def _samples(registry: CollectorRegistry) -> list[str]:
@@ -38,8 +44,7 @@ def _samples(registry: CollectorRegistry) -> list[str]:
 def test_tallies_scrape_as_direct_updates(ops: list[tuple[object, ...]]) -> None:
     direct, h, c, p = _registry()
     tallies = Tallies()
-    tallied, th, tc, tp = _registry(tallies)
-    h_t, c_t, p_t = tallies.histogram(th), tallies.counter(tc), tallies.counter(tp)
+    tallied, h_t, c_t, p_t = _tallied(tallies)
     for op in ops:
         if op[0] == "observe":
             h.observe(float(op[1]))  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.server import DEFAULT_SERVER, SERVERS
+from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen3"
 EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
@@ -18,9 +18,8 @@ DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
 # Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
 DEFAULT_INLINE_MAX_BYTES = 65536
-# Hypercorn by default, as the issue specifies; `--http-server uvicorn` (httptools) saves ~0.4 ms
-# of CPU per request, a third to a half of a short render (docs/benchmarks.md, render service).
-DEFAULT_HTTP_SERVER = DEFAULT_SERVER
+# Chosen by measurement (bench/servers.py; docs/operations.md, "HTTP server").
+DEFAULT_HTTP_SERVER = RENDER_SERVER
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(each loads its own copy of the models; 0: render them on a thread)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
     p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
-                   help="hypercorn (default; with kvroute's tuning, render/hypercorn_tuning.py), "
-                        "hypercorn-stock (as released) or uvicorn (httptools, least CPU)")
+                   help=f"HTTP server, run stock (default {DEFAULT_HTTP_SERVER}; granian needs "
+                        "--workers 1: it binds its own listener)")
     return p
 
 
@@ -161,6 +160,9 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--render-processes", a.render_processes, 0), ("--port", a.port, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
+    if a.http_server not in TAKES_SOCKET and a.workers > 1:
+        # It binds from an address: worker processes cannot share the parent's socket.
+        p.error(f"--http-server {a.http_server} serves one process: use --workers 1")
     return ServerConfig(
         models=models,
         host=a.host,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -51,13 +51,13 @@ class RouterMetrics:
         self.requests = Counter(
             "kvroute_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
             registry=r)
-        self.ttft = Histogram(
+        self.ttft_tally = self.tallies.histogram(
             "kvroute_time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY,
             registry=r)
-        self.tpot = Histogram(
+        self.tpot_tally = self.tallies.histogram(
             "kvroute_time_per_output_token_seconds", "Mean gap between output tokens",
             buckets=_TPOT, registry=r)
-        self.e2e = Histogram(
+        self.e2e_tally = self.tallies.histogram(
             "kvroute_e2e_request_latency_seconds", "Arrival to last byte", buckets=_LATENCY,
             registry=r)
         self.prompt_tokens = Counter("kvroute_prompt_tokens", "Prompt tokens routed", registry=r)
@@ -72,7 +72,7 @@ class RouterMetrics:
         self.engine_cached = Counter(
             "kvroute_engine_cached_tokens", "Prefix tokens the engine reported as cached",
             ["engine"], registry=r)
-        self.prediction_error = Histogram(
+        self.prediction_error_tally = self.tallies.histogram(
             "kvroute_cached_tokens_prediction_error",
             "Engine-reported minus predicted cached tokens per request",
             buckets=(-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096), registry=r)
@@ -97,10 +97,6 @@ class RouterMetrics:
         self.decisions_tally = t.counter(self.decisions)
         self.predicted_cached_tally = t.counter(self.predicted_cached)
         self.engine_cached_tally = t.counter(self.engine_cached)
-        self.ttft_tally = t.histogram(self.ttft)
-        self.tpot_tally = t.histogram(self.tpot)
-        self.e2e_tally = t.histogram(self.e2e)
-        self.prediction_error_tally = t.histogram(self.prediction_error)
 
     def watch_engines(self, read: EngineSnapshot) -> None:
         """Per-engine health/queue (engine client) gauges, read at scrape time."""
