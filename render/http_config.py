@@ -55,6 +55,30 @@ class ServerConfig:
     def default_model(self) -> str:
         return self.models[0].served_model_name
 
+    @property
+    def limits(self) -> RenderLimits:
+        return RenderLimits(self.max_body_bytes, self.offload_bytes, self.inline_budget_ms,
+                            self.inline_max_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderLimits:
+    """How big a body may be, and where a body of a given size renders (render_in)."""
+
+    max_body_bytes: int = 32 * 1024 * 1024
+    offload_bytes: int = DEFAULT_OFFLOAD_BYTES
+    inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
+    inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
+
+
+def model_spec(model: Path, served_model_name: str | None = None, *, tokenizer: Path | None = None,
+               chat_template: Path | None = None, max_model_len: int | None = None) -> ModelSpec:
+    """A model to serve; unnamed, it is served by its directory (the embedded one by its id)."""
+    if served_model_name is None:
+        served_model_name = (EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL
+                             else str(model))
+    return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len)
+
 
 SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len"}
 
@@ -90,11 +114,9 @@ def _spec(
         raise argparse.ArgumentTypeError(
             f"max_model_len must be a positive integer, not {max_len!r}"
         )
-    if name is None:
-        name = EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL else str(model)
-    return ModelSpec(
-        model=model,
-        served_model_name=name,
+    return model_spec(
+        model,
+        name,
         tokenizer=Path(tokenizer) if tokenizer else None,
         chat_template=Path(template) if template else None,
         max_model_len=int(max_len) if max_len is not None else None,

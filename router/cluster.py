@@ -23,6 +23,7 @@ from router.policy import PolicyConfig
 from router.sim.config import KVEventsConfig, default_model_dir
 from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
+from router.state import RouterState
 
 
 @dataclass
@@ -130,14 +131,21 @@ class LocalCluster:
         raise TimeoutError(f"{want} engines not ready after {timeout}s")
 
     def ready_engines(self) -> int:
-        app_state = self.state
+        app_state = self._live()
         return len(app_state.fleet.attached) if app_state is not None else 0
 
     @property
-    def state(self) -> Any:
+    def state(self) -> RouterState:
         """The running app's live objects (fleet, client, index, ...), once its lifespan ran."""
+        live = self._live()
+        if live is None:
+            raise RuntimeError("the router has not started yet")
+        return live
+
+    def _live(self) -> RouterState | None:
         app = getattr(self, "_app", None)
-        return getattr(app.state, "live", None) if app is not None else None
+        live = getattr(app.state, "live", None) if app is not None else None
+        return live if isinstance(live, RouterState) else None
 
     def _run_router(self, cfg: RouterConfig, sock: Any, started: threading.Event) -> None:
         import uvloop

@@ -28,9 +28,10 @@ from router.openai_types import (
     ToolCallFunction,
     Usage,
 )
-from router.pipeline import CHAT, COMPLETION, EngineOutputError, Pipeline
+from router.pipeline import CHAT, COMPLETION, Pipeline
 from router.sse import Abort
 from router.wire import EngineCoreOutput
+from serving.errors import EngineOutputError
 
 Body = ChatCompletion | Completion | GenerateResponse
 

@@ -1,4 +1,4 @@
-"""Engine-link errors, a small hierarchy::
+"""Engine-link errors: the ``EngineLinkError`` branch of serving/errors.py's tree (503)::
 
     EngineLinkError
      ├── EngineDeadError          the engine died: ENGINE_CORE_DEAD, or silent past the deadline
@@ -8,18 +8,11 @@
 
 from __future__ import annotations
 
+from serving.errors import (
+    EngineDeadError,
+    EngineLinkError,
+    EngineUnavailableError,
+    UtilityCallError,
+)
 
-class EngineLinkError(Exception):
-    """Base of the engine-link errors."""
-
-
-class EngineDeadError(EngineLinkError):
-    """The engine serving a request died; its in-flight requests are lost."""
-
-
-class EngineUnavailableError(EngineLinkError):
-    """The engine is unknown, not connected, or the client is closed."""
-
-
-class UtilityCallError(EngineLinkError):
-    """The engine ran the utility method and reported a failure."""
+__all__ = ["EngineDeadError", "EngineLinkError", "EngineUnavailableError", "UtilityCallError"]

@@ -37,16 +37,9 @@ from router.openai_types import (
 )
 from router.stop import StopChecker
 from router.wire import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
+from serving.errors import EngineOutputError
 
 CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
-
-
-class EngineOutputError(Exception):
-    """The engine reported a failed request (finish_reason ERROR or an attached error)."""
-
-    def __init__(self, message: str, code: int = 500):
-        super().__init__(message)
-        self.code = code
 
 
 class ParsedDelta(NamedTuple):

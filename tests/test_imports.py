@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = {"radix": {"render", "router"}, "render": {"router", "radix"}}
+FORBIDDEN = {
+    "radix": {"render", "router", "serving"},
+    "render": {"router", "radix"},
+    "serving": {"render", "router", "radix"},
+}
 
 
 def _imported_top_levels(path: Path) -> set[str]:

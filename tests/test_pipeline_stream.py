@@ -252,7 +252,7 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
 
 
 def test_collected_raises_on_error(decoder: TokenDecoder) -> None:
-    from router.pipeline import EngineOutputError
+    from serving.errors import EngineOutputError
 
     outs = [EngineCoreOutput("r", [], finish_reason=int(FinishReason.ERROR))]
     with pytest.raises(EngineOutputError):
