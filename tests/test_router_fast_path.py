@@ -38,8 +38,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
                           http_server=request.param)
     with LocalCluster(opts) as c:
         fast = c._app.fast
-        c._app.fast = CountingFastPath(fast.api_key.decode(), fast.lifecycle,
-                                       fast.exception_handlers)
+        c._app.fast = CountingFastPath(fast.api_key, fast.lifecycle, fast.errors)
         yield c
 
 
