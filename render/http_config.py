@@ -18,6 +18,7 @@ DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
 # Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
 DEFAULT_INLINE_MAX_BYTES = 65536
+DEFAULT_RENDER_THREADS = 2
 # Hypercorn by default, as the issue specifies; `--http-server uvicorn` (httptools) saves ~0.4 ms
 # of CPU per request, a third to a half of a short render (docs/benchmarks.md, render service).
 DEFAULT_HTTP_SERVER = DEFAULT_SERVER
@@ -45,7 +46,7 @@ class ServerConfig:
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
-    render_threads: int = 2
+    render_threads: int = DEFAULT_RENDER_THREADS
     render_processes: int = 1
     access_log: bool = False
     http_server: str = DEFAULT_HTTP_SERVER
@@ -152,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "predicts at most this many ms (0: always on a thread)")
     p.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
                    help="bodies above this size always render on a thread")
-    p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
+    p.add_argument("--render-threads", type=int, default=DEFAULT_RENDER_THREADS,
+                   help="threads for big renders")
     p.add_argument("--render-processes", type=int, default=1,
                    help="helper processes per worker rendering bodies over --inline-max-bytes "
                         "(each loads its own copy of the models; 0: render them on a thread)")

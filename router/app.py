@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radix import PrefixIndex
 from render import server as render_server
-from render.http_config import ModelSpec, RenderLimits, model_spec
+from render.http_config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimits, model_spec
 from render.http_metrics import RenderMetrics
 from render.loading import Codecs, load_models
 from render.protocol import GenerateRequest
@@ -58,9 +58,6 @@ from serving.errors import (
 )
 from serving.guard import ApiKey, RequestIdSend
 from serving.http_errors import ErrorPath, error_response
-
-# Render threads of the in-process render (the render service's default).
-RENDER_THREADS = 2
 
 PROBES = frozenset({"/health", "/ping", "/ready", "/metrics"})
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -191,7 +188,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
         models = Models(await asyncio.to_thread(load_models, [spec]), int(time.time()))
-        pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="render")
+        pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)
         remote = RenderClient(cfg.render_url) if cfg.render_url else None

@@ -143,7 +143,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def _generate(stream: bool) -> dict[str, Any]:
-    return {"request_id": f"too-long-{stream}", "token_ids": list(range(100, 100 + 2 * SIM_MAX_MODEL_LEN)),
+    return {"request_id": f"too-long-{stream}",
+            "token_ids": list(range(100, 100 + 2 * SIM_MAX_MODEL_LEN)),
             "sampling_params": {"max_tokens": 4}, "stream": stream}
 
 
