@@ -15,9 +15,9 @@ Headers = Iterable[tuple[bytes, bytes]]
 
 
 def request_id(headers: Headers) -> bytes:
-    """The client's ``x-request-id``, else a fresh one."""
+    """The client's ``x-request-id`` (if not empty), else a fresh one."""
     for name, value in headers:
-        if name == b"x-request-id":
+        if name == b"x-request-id" and value:
             return value
     return f"req-{time.monotonic_ns():x}".encode()
 
