@@ -8,8 +8,10 @@ request the simulated engine fails, streamed and not.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -79,6 +81,17 @@ INSTANCES: list[BaseException] = [
     _decode_error(),
     RuntimeError("a bug"),
 ]
+
+
+def test_the_tree_imports_no_framework() -> None:
+    """render's library raises these: serving/errors.py may pull in no HTTP framework (nor any
+    package of ours; tests/test_imports.py checks that direction)."""
+    tree = ast.parse(Path(serving.errors.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "re", "typing", "msgspec"}
 
 
 def test_every_class_of_the_tree_is_exercised() -> None:
