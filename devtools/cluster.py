@@ -17,6 +17,7 @@ import httpx
 import msgspec
 
 from router.config import EngineSpec, Limits, RouterConfig
+from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
 from serving.server import ROUTER_SERVER, bind_socket
@@ -130,14 +131,21 @@ class LocalCluster:
         raise TimeoutError(f"{want} engines not ready after {timeout}s")
 
     def ready_engines(self) -> int:
-        app_state = self.state
+        app_state = self._live()
         return len(app_state.fleet.attached) if app_state is not None else 0
 
     @property
-    def state(self) -> Any:
+    def state(self) -> RouterState:
         """The running app's live objects (fleet, client, index, ...), once its lifespan ran."""
+        live = self._live()
+        if live is None:
+            raise RuntimeError("the router has not started yet")
+        return live
+
+    def _live(self) -> RouterState | None:
         app = getattr(self, "_app", None)
-        return getattr(app.state, "live", None) if app is not None else None
+        live = getattr(app.state, "live", None) if app is not None else None
+        return live if isinstance(live, RouterState) else None
 
     def _run_router(self, cfg: RouterConfig, sock: Any, started: threading.Event) -> None:
         import uvloop

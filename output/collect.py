@@ -28,8 +28,9 @@ from output.openai_types import (
     ToolCallFunction,
     Usage,
 )
-from output.pipeline import CHAT, COMPLETION, EngineOutputError, Pipeline
+from output.pipeline import CHAT, COMPLETION, Pipeline
 from output.sse import Abort
+from serving.errors import EngineOutputError
 from wire.engine import EngineCoreOutput
 
 Body = ChatCompletion | Completion | GenerateResponse

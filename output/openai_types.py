@@ -203,18 +203,4 @@ class GenerateResponse(msgspec.Struct, omit_defaults=True, gc=False, kw_only=Tru
     choices: list[GenerateChoice]
 
 
-# ---- errors ----
-
-
-class ErrorInfo(msgspec.Struct, gc=False):
-    message: str
-    type: str
-    param: str | None
-    code: int
-
-
-class ErrorResponse(msgspec.Struct, gc=False):
-    error: ErrorInfo
-
-
 Chunk = ChatCompletionChunk | Completion | GenerateResponse

@@ -35,18 +35,11 @@ from output.openai_types import (
     Usage,
 )
 from output.stop import StopChecker
+from serving.errors import EngineOutputError
 from wire.engine import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
 from wire.ndarrays import LogprobRows, rows_of
 
 CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
-
-
-class EngineOutputError(Exception):
-    """The engine reported a failed request (finish_reason ERROR or an attached error)."""
-
-    def __init__(self, message: str, code: int = 500):
-        super().__init__(message)
-        self.code = code
 
 
 class ParsedDelta(NamedTuple):

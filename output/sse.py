@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from output.openai_types import Chunk, ErrorInfo, ErrorResponse
-from output.pipeline import EngineOutputError, Pipeline
-from router.link.engine_errors import EngineLinkError
+from output.openai_types import Chunk
+from output.pipeline import Pipeline
+from serving.errors import APIError, EngineLinkError, EngineOutputError, sse_event
 from wire.engine import EngineCoreOutput
 
 log = logging.getLogger("kvroute.sse")
@@ -45,19 +45,12 @@ class SSEEncoder:
     def __init__(self) -> None:
         self._encode = msgspec.json.Encoder().encode
 
-    def event(self, chunk: Chunk | ErrorResponse) -> bytes:
+    def event(self, chunk: Chunk) -> bytes:
         # Two bytes concatenations beat encode_into a reused bytearray plus the final copy.
         return b"data: " + self._encode(chunk) + b"\n\n"
 
     def events(self, chunks: Sequence[Chunk]) -> bytes:
         return b"".join([self.event(c) for c in chunks])
-
-
-def error_response(message: str, code: int = 500, type_: str | None = None) -> ErrorResponse:
-    """OpenAI's error JSON, as vLLM sends it inside a failed stream."""
-    if type_ is None:
-        type_ = "InternalServerError" if code >= 500 else "BadRequestError"
-    return ErrorResponse(ErrorInfo(message, type_, None, code))
 
 
 async def sse_stream(
@@ -100,17 +93,14 @@ async def sse_stream(
         last = pipeline.end()
         if last:
             pending.append(enc.events(last))
-    except EngineOutputError as exc:
-        pending.append(enc.event(error_response(str(exc), exc.code)))
-    except EngineLinkError as exc:
-        # The engine died or went silent mid-stream (the non-stream path answers 503 too).
-        log.warning("engine failed mid-stream", extra={
-            "request_id": pipeline.spec.request_id, "error": str(exc)})
-        pending.append(enc.event(
-            error_response(f"Engine failed: {exc}", 503, "ServiceUnavailable")))
+    except APIError as exc:  # the engine failed the request, died or went silent (503)
+        if isinstance(exc, EngineLinkError):
+            log.warning("engine failed mid-stream", extra={
+                "request_id": pipeline.spec.request_id, "error": str(exc)})
+        pending.append(sse_event(exc))
     except Exception as exc:  # the stream has started: the error can only go in-band
         log.exception("stream failed", extra={"request_id": pipeline.spec.request_id})
-        pending.append(enc.event(error_response(f"{type(exc).__name__}: {exc}")))
+        pending.append(sse_event(exc))
     finally:
         aclose = getattr(outputs, "aclose", None)
         if aclose is not None:

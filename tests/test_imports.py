@@ -2,8 +2,9 @@
 
 The request path runs one way (HTTP -> render -> route -> engine link -> output -> HTTP), and
 the packages import the same way: ``wire`` and ``radix`` import nothing of ours; render's
-library only the wire types; the output pipeline the wire types, render's library and the
-shared HTTP layer; the simulated engine only the wire types (and the embedded model's files).
+library only the wire types and the error tree (``serving.errors``, which imports nothing of
+ours); the output pipeline the wire types, render's library and the error tree; the simulated
+engine only the wire types (and the embedded model's files).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "devtoo
 ALLOWED: dict[str, set[str]] = {
     "wire": {"wire"},
     "radix": {"radix"},
-    "render": {"render", "wire"},
+    "render": {"render", "wire", "serving.errors"},
     "render.service": {"render", "wire", "serving", "output"},
     "serving": {"serving"},
-    "output": {"output", "wire", "render", "serving"},
+    "serving.errors": {"serving.errors"},
+    "output": {"output", "wire", "render", "serving.errors"},
     "sim": {"sim", "wire", "render.models"},
     "router": {"router", "wire", "radix", "render", "serving", "output"},
     "devtools": OURS - {"kvroute"},

@@ -18,7 +18,7 @@ from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.pipeline import CHAT, COMPLETION, GENERATE, ParsedDelta, Pipeline, PipelineSpec, merge
 from output.sse import DONE, sse_stream
-from router.link.engine_errors import EngineDeadError
+from serving.errors import EngineDeadError
 from wire.engine import EngineCoreOutput, EngineError, FinishReason
 
 QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
@@ -252,7 +252,7 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
 
 
 def test_collected_raises_on_error(decoder: TokenDecoder) -> None:
-    from output.pipeline import EngineOutputError
+    from serving.errors import EngineOutputError
 
     outs = [EngineCoreOutput("r", [], finish_reason=int(FinishReason.ERROR))]
     with pytest.raises(EngineOutputError):

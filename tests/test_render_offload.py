@@ -21,7 +21,6 @@ import msgspec
 import psutil
 import pytest
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
 
 import render.errors
 from render.errors import (
@@ -31,12 +30,13 @@ from render.errors import (
     RenderError,
     TemplateUnavailableError,
 )
-from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge, handler_for
 from render.protocol import ChatCompletionRequest
 from render.service.config import parse_args
 from render.service.loading import Codecs, load_models
 from render.service.offload import RenderHelper, Unsendable
-from render.service.server import Models, RenderCost, render_in
+from render.service.state import Models, RenderCost, render_in
+from serving.errors import BodyTooLarge
+from serving.http_errors import error_response
 from serving.metrics import RenderMetrics
 from tests.render_proc import render_process, render_server
 
@@ -56,7 +56,7 @@ def test_cost_rises_at_once_and_falls_slowly() -> None:
 
 @pytest.fixture(scope="module")
 def models() -> Models:
-    return Models(load_models(parse_args([])), 0)
+    return Models(load_models(parse_args([]).models), 0)
 
 
 def _where(models: Models, size: int, **overrides: Any) -> str:
@@ -136,10 +136,7 @@ def _error_instances() -> list[Exception]:
 
 
 async def _answer(exc: Exception) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    _, handler = handler_for(EXCEPTION_HANDLERS, exc)
-    assert handler is not None
-    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [], "query_string": b""}
-    response = await handler(Request(scope), exc)
+    response = error_response(exc)
     return response.status_code, bytes(response.body), response.raw_headers
 
 

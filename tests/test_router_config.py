@@ -10,7 +10,8 @@ import pytest
 
 from router.config import ConfigError, from_mapping
 from router.main import parse
-from router.routing.admission import Admission, Overloaded
+from router.routing.admission import Admission
+from serving.errors import OverloadedError
 from serving.server import ROUTER_SERVER, SERVERS
 
 TOML = """
@@ -110,7 +111,7 @@ async def test_admission_queue_fifo_then_429_and_503() -> None:
     tasks = [asyncio.create_task(waiter(i)) for i in range(2)]
     while adm.queued < 2:
         await asyncio.sleep(0)  # let both reach the queue (no I/O involved)
-    with pytest.raises(Overloaded) as full:
+    with pytest.raises(OverloadedError) as full:
         await adm.wait_for_slot(has_open)
     assert (full.value.status, full.value.retry_after) == (429, 2)
     adm.prefilled("e", 100)
@@ -121,6 +122,6 @@ async def test_admission_queue_fifo_then_429_and_503() -> None:
     assert order == [0, 1]
     short = Admission(max_in_flight=1, max_queue=2, queue_timeout=0.05, retry_after=1)
     short.take("e", 0)
-    with pytest.raises(Overloaded) as timeout:
+    with pytest.raises(OverloadedError) as timeout:
         await short.wait_for_slot(lambda: bool(short.open_engines(engines)))
     assert timeout.value.status == 503

@@ -39,8 +39,7 @@ def cluster() -> Iterator[LocalCluster]:
                           http_server=ROUTER_SERVER)
     with LocalCluster(opts) as c:
         fast = c._app.fast
-        c._app.fast = CountingFastPath(fast.api_key.decode(), fast.lifecycle,
-                                       fast.exception_handlers)
+        c._app.fast = CountingFastPath(fast.api_key, fast.lifecycle, fast.errors)
         yield c
 
 

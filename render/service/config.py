@@ -18,6 +18,7 @@ DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
 # Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
 DEFAULT_INLINE_MAX_BYTES = 65536
+DEFAULT_RENDER_THREADS = 2
 # Chosen by measurement (bench/servers.py; docs/operations.md, "HTTP server").
 DEFAULT_HTTP_SERVER = RENDER_SERVER
 
@@ -44,7 +45,7 @@ class ServerConfig:
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
-    render_threads: int = 2
+    render_threads: int = DEFAULT_RENDER_THREADS
     render_processes: int = 1
     access_log: bool = False
     http_server: str = DEFAULT_HTTP_SERVER
@@ -53,6 +54,30 @@ class ServerConfig:
     @property
     def default_model(self) -> str:
         return self.models[0].served_model_name
+
+    @property
+    def limits(self) -> RenderLimits:
+        return RenderLimits(self.max_body_bytes, self.offload_bytes, self.inline_budget_ms,
+                            self.inline_max_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderLimits:
+    """How big a body may be, and where a body of a given size renders (render_in)."""
+
+    max_body_bytes: int = 32 * 1024 * 1024
+    offload_bytes: int = DEFAULT_OFFLOAD_BYTES
+    inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
+    inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
+
+
+def model_spec(model: Path, served_model_name: str | None = None, *, tokenizer: Path | None = None,
+               chat_template: Path | None = None, max_model_len: int | None = None) -> ModelSpec:
+    """A model to serve; unnamed, it is served by its directory (the embedded one by its id)."""
+    if served_model_name is None:
+        served_model_name = (EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL
+                             else str(model))
+    return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len)
 
 
 SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len"}
@@ -89,11 +114,9 @@ def _spec(
         raise argparse.ArgumentTypeError(
             f"max_model_len must be a positive integer, not {max_len!r}"
         )
-    if name is None:
-        name = EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL else str(model)
-    return ModelSpec(
-        model=model,
-        served_model_name=name,
+    return model_spec(
+        model,
+        name,
         tokenizer=Path(tokenizer) if tokenizer else None,
         chat_template=Path(template) if template else None,
         max_model_len=int(max_len) if max_len is not None else None,
@@ -129,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "predicts at most this many ms (0: always on a thread)")
     p.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
                    help="bodies above this size always render on a thread")
-    p.add_argument("--render-threads", type=int, default=2, help="threads for big renders")
+    p.add_argument("--render-threads", type=int, default=DEFAULT_RENDER_THREADS,
+                   help="threads for big renders")
     p.add_argument("--render-processes", type=int, default=1,
                    help="helper processes per worker rendering bodies over --inline-max-bytes "
                         "(each loads its own copy of the models; 0: render them on a thread)")

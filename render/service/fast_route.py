@@ -3,10 +3,11 @@
 Starlette's route matching, Request object, exception and metrics middleware cost ~0.08 ms of a
 ~0.6-0.8 ms render request. This route answers a well-formed chat or completion render itself
 (same JSON, same metrics) and hands everything else to the Starlette app untouched: other paths,
-bodies without a Content-Length or over the limit. A render that raises is answered by the very
-handler the app maps that exception to (render/http_errors.py), so every error keeps its single
-mapping and a failing render is not run twice. Bodies over --inline-max-bytes render in a helper
-process (render/service/offload.py) when one is ready, as in the app's own handlers.
+bodies without a Content-Length or over the limit. A render that raises is answered by the app's
+own error path (serving/http_errors.py's ErrorPath, the app's exception_handlers), so every error
+keeps its single mapping and a failing render is not run twice. Bodies over --inline-max-bytes
+render in a helper process (render/service/offload.py) when one is ready, as in the app's own
+handlers.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import msgspec
 from starlette.requests import Request
 
 from render import Renderer
-from render.http_errors import EXCEPTION_HANDLERS, handler_for
 from render.protocol import ChatCompletionRequest, CompletionRequest
-from render.service.offload import CHAT, COMPLETIONS, RenderHelper
-from render.service.server import render_in
+from render.service.offload import CHAT, COMPLETIONS
+from render.service.state import RenderState, render_state
+from serving.http_errors import ErrorPath
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -42,17 +43,20 @@ def _content_length(scope: Scope) -> int | None:
 
 
 class FastRenderRoute:
-    def __init__(self, app: ASGIApp) -> None:
+    """The render service's ASGI app: the two render POSTs here, everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, errors: ErrorPath) -> None:
         self.app = app
+        self.errors = errors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
         if scope["type"] != "http" or scope["method"] != "POST" or path not in (CHAT, COMPLETIONS):
             await self.app(scope, receive, send)
             return
-        state = scope["state"]
+        st = render_state(scope["state"])
         size = _content_length(scope)
-        if size is None or size > state["config"].max_body_bytes:
+        if size is None or size > st.limits.max_body_bytes:
             await self.app(scope, receive, send)  # chunked or too big: the app reads / 413s it
             return
         t0 = time.perf_counter()
@@ -66,40 +70,39 @@ class FastRenderRoute:
                 break
         body = b"".join(chunks)
         try:
-            payload, tokens, model = await self._render(state, path, body)
-        except Exception as exc:  # answered by the app's own handler for it (one mapping)
-            _, handler = handler_for(EXCEPTION_HANDLERS, exc)
-            assert handler is not None  # EXCEPTION_HANDLERS maps Exception itself
-            response = await handler(Request(scope), exc)
+            payload, tokens, model = await self._render(st, path, body)
+        except Exception as exc:  # answered by the app's own error path (one mapping)
+            response = self.errors.answer(Request(scope), exc)
             await response(scope, receive, send)
-            state["metrics"].request_done(path, response.status_code, time.perf_counter() - t0)
+            st.metrics.request_done(path, response.status_code, time.perf_counter() - t0)
+            if not self.errors.expected(exc):
+                raise  # as Starlette's ServerErrorMiddleware: answered, and the server logs it
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_HEADERS, (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
-        metrics = state["metrics"]
+        metrics = st.metrics
         metrics.add_prompt_tokens(model, tokens)
         metrics.request_done(path, 200, time.perf_counter() - t0)
 
     @staticmethod
-    async def _render(state: dict[str, Any], path: str, body: bytes) -> tuple[bytes, int, str]:
-        helper: RenderHelper = state["helper"]
-        done = await helper.render(path, body)
-        if done is not None:
-            return done
-        codecs, models = state["codecs"], state["models"]
-        config, pool = state["config"], state["pool"]
-        decoder = codecs.chat if path == CHAT else codecs.completion
-        if len(body) > config.inline_max_bytes:
+    async def _render(st: RenderState, path: str, body: bytes) -> tuple[bytes, int, str]:
+        if st.helper is not None:
+            done = await st.helper.render(path, body)
+            if done is not None:
+                return done
+        codecs = st.codecs
+        decoder: msgspec.json.Decoder[ChatCompletionRequest] | msgspec.json.Decoder[
+            CompletionRequest] = codecs.chat if path == CHAT else codecs.completion
+        if len(body) > st.limits.inline_max_bytes:
             # No helper took it: a body this big renders on a thread; decoding it there too keeps
             # the loop free (~0.7 ms per MB of JSON, 25 ms at the 32 MiB limit).
-            req = await asyncio.get_running_loop().run_in_executor(pool, decoder.decode, body)
+            req = await asyncio.get_running_loop().run_in_executor(st.pool, decoder.decode, body)
         else:
             req = decoder.decode(body)
-        renderer = models.get(req.model)
-        job = _chat_job if path == CHAT else _completion_job
-        payload, tokens = await render_in(models, config, pool, renderer, len(body), job,
-                                          renderer, codecs.encoder, req)
+        renderer = st.models.get(req.model)
+        job: Callable[..., tuple[bytes, int]] = _chat_job if path == CHAT else _completion_job
+        payload, tokens = await st.run(renderer, len(body), job, renderer, codecs.encoder, req)
         return payload, tokens, renderer.served_model_name
 
 

@@ -1,10 +1,12 @@
-"""What a render process holds: a ServerConfig's models, found by served name, and its codecs."""
+"""What a render process holds: its models, found by served name, and its codecs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
-from render.errors import ModelNotFoundError, RenderError
+from render.errors import ModelNotFoundError
 from render.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -13,7 +15,7 @@ from render.protocol import (
 )
 from render.registry import ModelRegistry
 from render.renderer import Renderer
-from render.service.config import ServerConfig
+from render.service.config import ModelSpec
 from render.token_json import json_encoder
 
 
@@ -29,7 +31,9 @@ class Codecs:
         self.encoder = json_encoder()
 
 
-def load_models(cfg: ServerConfig) -> ModelRegistry:
+def load_models(specs: Iterable[ModelSpec], *,
+                allow_request_chat_template: bool = False) -> ModelRegistry:
+    """The renderers of ``specs``, in order (the first is the default model)."""
     return ModelRegistry([
         Renderer.load(
             spec.model,
@@ -37,9 +41,9 @@ def load_models(cfg: ServerConfig) -> ModelRegistry:
             chat_template=str(spec.chat_template) if spec.chat_template else None,
             served_model_name=spec.served_model_name,
             max_model_len=spec.max_model_len,
-            allow_request_chat_template=cfg.allow_request_chat_template,
+            allow_request_chat_template=allow_request_chat_template,
         )
-        for spec in cfg.models
+        for spec in specs
     ])
 
 
@@ -48,10 +52,4 @@ def find_model(registry: ModelRegistry, name: str | None) -> Renderer:
     try:
         return registry.get(name)
     except ModelNotFoundError:
-        # vLLM's own wording (serve/engine/serving.py), so clients matching on it keep working.
-        raise RenderError(
-            404,
-            f"The model `{name}` does not exist. Valid aliases: {', '.join(registry.names())}.",
-            "NotFoundError",
-            "model",
-        ) from None
+        raise ModelNotFoundError(str(name), ", ".join(registry.names())) from None

@@ -5,7 +5,7 @@ processes of its serving process. The job sent is (path, body bytes); the answer
 prompt tokens, served model name): the helper decodes, renders and encodes with the same decoders,
 Renderer code and encoder as the serving process, so its JSON is the in-process one byte for byte.
 An error it raises comes back as the same exception (render/errors.py pickles whole) and is
-answered by the same handler (render/http_errors.py).
+answered by the same error path (serving/http_errors.py).
 
 The render thread (``--render-processes 0``: always) stays the fallback, so no request waits for a
 model load or is lost: until the helpers have loaded their models, while they are respawned after
@@ -81,7 +81,8 @@ class _Helper:
     """A helper process's models and codecs: the serving process's, loaded from the same config."""
 
     def __init__(self, cfg: ServerConfig, barrier: Any) -> None:
-        self.registry = load_models(cfg)
+        self.registry = load_models(
+            cfg.models, allow_request_chat_template=cfg.allow_request_chat_template)
         self.codecs = c = Codecs()
         self.barrier = barrier
         self.jobs: dict[str, tuple[Any, Callable[[Renderer, Any], tuple[object, int]]]] = {

@@ -7,7 +7,7 @@
     GET  /v1/models, /health, /ping, /metrics
 
 Bodies are decoded straight into msgspec Structs (bad input fails at decode time, see
-render/http_errors.py for how every error becomes OpenAI's error JSON). Small bodies render on the
+serving/errors.py for how every error becomes OpenAI's error JSON). Small bodies render on the
 loop, bigger ones on a small thread pool, and bodies over --inline-max-bytes in a helper process
 (render/service/offload.py): a thread's tokenizer encode and JSON encoding hold the GIL
 for milliseconds.
@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,18 +34,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from render import ModelRegistry, Renderer
-from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge
-from render.protocol import GenerateRequest
 from render.service.config import ServerConfig, parse_args
-from render.service.loading import Codecs, find_model, load_models
+from render.service.fast_route import FastRenderRoute
+from render.service.loading import Codecs, load_models
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
+from render.service.state import STATE_KEY, Models, RenderState, render_state
+from serving.body import JSON, json_response, read_body
+from serving.errors import APIError
+from serving.http_errors import ErrorPath
 from serving.metrics import MetricsMiddleware, RenderMetrics
 from serving.server import bind_socket
-
-T = TypeVar("T")
-JSON = "application/json"
-PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 ROUTE_PATHS = (
     "/v1/chat/completions/render",
@@ -57,207 +55,120 @@ ROUTE_PATHS = (
     "/ping",
     "/metrics",
 )
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class Models:
-    """The loaded renderers, each with the lock that serialises its renders in this worker.
-
-    A Renderer is not thread-safe (its caches mutate), and big renders run on a thread while small
-    ones run on the loop, so every render of a model takes its asyncio lock first: waiting for it
-    never blocks the loop, and the lock is uncontended on the common path.
-    """
-
-    def __init__(self, registry: ModelRegistry, created: int) -> None:
-        self.registry = registry
-        self.locks = {name: asyncio.Lock() for name in registry.names()}
-        self.costs = {name: RenderCost() for name in registry.names()}
-        self.created = created
-
-    def get(self, name: str | None) -> Renderer:
-        return find_model(self.registry, name)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(limit)
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-class RenderCost:
-    """One model's CPU seconds per body byte, to predict a render's cost.
-
-    Small requests carry a fixed overhead, so their per-byte cost over-predicts big ones: the
-    estimate errs towards the thread, the side that never blocks the loop. It rises to a dearer
-    sample at once and falls back slowly: renders served from the segment cache cost a fraction
-    of a fresh text's, and a run of them must not send the next fresh 400 KB body to the loop.
-    """
-
-    def __init__(self) -> None:
-        self.per_byte: float | None = None
-
-    def predict(self, size: int) -> float | None:
-        return None if self.per_byte is None else size * self.per_byte
-
-    def observe(self, size: int, seconds: float) -> None:
-        sample = seconds / max(size, 1)
-        if self.per_byte is None or sample > self.per_byte:
-            self.per_byte = sample
-        else:
-            self.per_byte = 0.9 * self.per_byte + 0.1 * sample
-
-
-def _timed(cost: RenderCost, size: int, fn: Callable[..., T], *args: Any) -> T:
-    t0 = time.thread_time()  # this thread's CPU: a render waiting for the GIL costs nothing
-    try:
-        return fn(*args)
-    finally:
-        cost.observe(size, time.thread_time() - t0)
-
-
-async def run_render(request: Request, renderer: Renderer, size: int,
-                     fn: Callable[..., T], *args: Any) -> T:
-    """Runs ``fn`` under the model's lock: on the loop when small or predicted cheap (a thread
-    handoff costs more than a fast render), else on the render pool."""
-    st = request.state
-    return await render_in(st.models, st.config, st.pool, renderer, size, fn, *args)
-
-
-async def render_in(models: Models, config: ServerConfig, pool: ThreadPoolExecutor,
-                    renderer: Renderer, size: int, fn: Callable[..., T], *args: Any) -> T:
-    """``run_render`` on explicit app state (the raw ASGI route has no Request)."""
-    name = renderer.served_model_name
-    cost = models.costs[name]
-    async with models.locks[name]:
-        predicted = cost.predict(size)
-        if size <= config.offload_bytes or (
-            size <= config.inline_max_bytes
-            and predicted is not None
-            and predicted * 1e3 <= config.inline_budget_ms
-        ):
-            return _timed(cost, size, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(
-            pool, _timed, cost, size, fn, *args
-        )
-
-
-def json_response(request: Request, obj: object) -> Response:
-    return Response(request.state.codecs.encoder.encode(obj), media_type=JSON)
-
-
-async def offloaded(request: Request, path: str, body: bytes) -> Response | None:
+async def offloaded(st: RenderState, path: str, body: bytes) -> Response | None:
     """The answer of a render helper process for a big body (render/service/offload.py); None: none
     answered, render it here."""
-    # The router serves these handlers too, rendering in process: its state has no helper.
-    helper: RenderHelper | None = getattr(request.state, "helper", None)
-    done = None if helper is None else await helper.render(path, body)
+    done = None if st.helper is None else await st.helper.render(path, body)
     if done is None:
         return None
     if path in (CHAT, COMPLETIONS):
-        request.state.metrics.add_prompt_tokens(done.model, done.tokens)
+        st.metrics.add_prompt_tokens(done.model, done.tokens)
     return Response(done.payload, media_type=JSON)
 
 
 async def chat_render(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, CHAT, body)) is not None:
+    st = render_state(request.scope["state"])
+    body = await read_body(request, st.limits.max_body_bytes)
+    if (answer := await offloaded(st, CHAT, body)) is not None:
         return answer
     req = st.codecs.chat.decode(body)
     renderer = st.models.get(req.model)
-    out: GenerateRequest = await run_render(
-        request, renderer, len(body), partial(renderer.render_chat, array=True), req
-    )
+    out = await st.run(renderer, len(body), partial(renderer.render_chat, array=True), req)
     st.metrics.add_prompt_tokens(renderer.served_model_name, len(out.token_ids))
-    return json_response(request, out)
+    return json_response(st.codecs.encoder, out)
 
 
 async def completion_render(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, COMPLETIONS, body)) is not None:
+    st = render_state(request.scope["state"])
+    body = await read_body(request, st.limits.max_body_bytes)
+    if (answer := await offloaded(st, COMPLETIONS, body)) is not None:
         return answer
     req = st.codecs.completion.decode(body)
     renderer = st.models.get(req.model)
-    outs: list[GenerateRequest] = await run_render(
-        request, renderer, len(body), renderer.render_completion, req
-    )
+    outs = await st.run(renderer, len(body), renderer.render_completion, req)
     st.metrics.add_prompt_tokens(renderer.served_model_name, sum(len(o.token_ids) for o in outs))
-    return json_response(request, outs)
+    return json_response(st.codecs.encoder, outs)
 
 
 async def tokenize_endpoint(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, TOKENIZE, body)) is not None:
+    st = render_state(request.scope["state"])
+    body = await read_body(request, st.limits.max_body_bytes)
+    if (answer := await offloaded(st, TOKENIZE, body)) is not None:
         return answer
     req = st.codecs.tokenize.decode(body)
     renderer = st.models.get(req.model)
-    out = await run_render(request, renderer, len(body), renderer.tokenize, req)
-    return json_response(request, out)
+    out = await st.run(renderer, len(body), renderer.tokenize, req)
+    return json_response(st.codecs.encoder, out)
 
 
 async def detokenize_endpoint(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, DETOKENIZE, body)) is not None:
+    st = render_state(request.scope["state"])
+    body = await read_body(request, st.limits.max_body_bytes)
+    if (answer := await offloaded(st, DETOKENIZE, body)) is not None:
         return answer
     req = st.codecs.detokenize.decode(body)
     renderer = st.models.get(req.model)
-    out = await run_render(request, renderer, len(body), renderer.detokenize, req)
-    return json_response(request, out)
+    out = await st.run(renderer, len(body), renderer.detokenize, req)
+    return json_response(st.codecs.encoder, out)
 
 
 async def list_models(request: Request) -> Response:
-    models: Models = request.state.models
+    st = render_state(request.scope["state"])
     data = [
         {
             "id": r.served_model_name,
             "object": "model",
-            "created": models.created,
+            "created": st.models.created,
             "owned_by": "kvroute",
-            "root": str(spec.model),
+            "root": str(root),
             "parent": None,
             "max_model_len": r.max_model_len,
         }
-        for r, spec in zip(models.registry, request.state.config.models, strict=True)
+        for r, root in zip(st.models.registry, st.roots, strict=True)
     ]
-    return json_response(request, {"object": "list", "data": data})
+    return json_response(st.codecs.encoder, {"object": "list", "data": data})
 
 
 async def health(request: Request) -> Response:
     return Response(b"", status_code=200)
 
 
-async def metrics_endpoint(request: Request) -> Response:
-    return Response(request.state.metrics.exposition(), media_type=PROMETHEUS)
+def render_errors(metrics: RenderMetrics) -> ErrorPath:
+    """The render service's error path: every error answered is counted by its OpenAI type."""
+
+    def observe(request: Request, err: APIError) -> None:
+        metrics.add_error(request.url.path, err.type)
+
+    return ErrorPath(observe)
 
 
-def create_app(cfg: ServerConfig, *, on_ready: Callable[[], None] | None = None) -> Starlette:
+def create_app(cfg: ServerConfig, *,
+               on_ready: Callable[[], None] | None = None) -> FastRenderRoute:
     """The ASGI app; its lifespan loads the models and owns the render thread pool and helper
     processes."""
     metrics = RenderMetrics(ROUTE_PATHS)
 
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.exposition(), media_type=PROMETHEUS)
+
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        models = Models(await asyncio.to_thread(load_models, cfg), int(time.time()))
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, RenderState]]:
+        registry = await asyncio.to_thread(
+            load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template)
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.
         helper = RenderHelper(cfg, metrics)
         helper.start()
+        st = RenderState(Models(registry, int(time.time())), tuple(m.model for m in cfg.models),
+                         cfg.limits, pool, Codecs(), metrics, helper)
         if on_ready is not None:
             on_ready()
         try:
-            yield {"config": cfg, "models": models, "pool": pool, "metrics": metrics,
-                   "codecs": Codecs(), "helper": helper}
+            yield {STATE_KEY: st}
         finally:
             await helper.close()
             pool.shutdown(wait=False, cancel_futures=True)
@@ -272,12 +183,14 @@ def create_app(cfg: ServerConfig, *, on_ready: Callable[[], None] | None = None)
         Route("/ping", health, methods=["GET", "POST"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    return Starlette(
+    errors = render_errors(metrics)
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers=dict(EXCEPTION_HANDLERS),
+        exception_handlers=dict(errors.handlers()),
         middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
     )
+    return FastRenderRoute(app, errors)
 
 
 # --- serving ---------------------------------------------------------------------------------
@@ -287,7 +200,6 @@ def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None
     """One serving process (or the only one): builds the app and serves it on uvloop."""
     import uvloop
 
-    from render.service.fast_route import FastRenderRoute  # it imports this module
     from serving.server import ServeOptions, serve_asgi
 
     url = f"http://{cfg.host}:{cfg.port}"
@@ -298,7 +210,7 @@ def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None
     def ready() -> None:
         print(f"kvroute render: ready on {url} (pid {os.getpid()})", flush=True)
 
-    app = FastRenderRoute(create_app(cfg, on_ready=ready))
+    app = create_app(cfg, on_ready=ready)
     opts = ServeOptions(server=cfg.http_server, backlog=1024, access_log=cfg.access_log)
     shutdown = None
     if shutdown_event is not None:

@@ -13,113 +13,77 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from output.detokenize import TokenDecoder
 from output.sse import RAW_SEND
 from radix import PrefixIndex
-from render.http_errors import EXCEPTION_HANDLERS, error_response
 from render.protocol import GenerateRequest
 from render.service import server as render_server
-from render.service.config import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, ModelSpec, ServerConfig
+from render.service.config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimits, model_spec
 from render.service.loading import Codecs, load_models
+from render.service.state import STATE_KEY as RENDER_KEY
+from render.service.state import Models, RenderState
 from router.config import RouterConfig
 from router.front import handlers
 from router.front.fast_path import FastPath
 from router.front.render_client import RenderClient
+from router.front.state import STATE_KEY as ROUTER_KEY
+from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
-from router.link.engine_client import EngineClient, EngineLinkError, EngineStatus
+from router.link.engine_client import EngineClient, EngineStatus
 from router.obs.metrics import RouterMetrics
-from router.routing.admission import Admission, Overloaded
+from router.routing.admission import Admission
 from router.routing.dispatch import Dispatcher
 from router.routing.fleet import Fleet, link_spec
 from router.routing.policy import Policy
+from serving.errors import (
+    APIError,
+    AuthenticationError,
+    ClientGoneError,
+    EngineLinkError,
+    OverloadedError,
+    ShuttingDownError,
+)
+from serving.guard import ApiKey, RequestIdSend
+from serving.http_errors import ErrorPath, error_response
 from serving.metrics import RenderMetrics
 
-PROBES = frozenset({"/health", "/ready", "/metrics", "/ping"})
+PROBES = frozenset({"/health", "/ping", "/ready", "/metrics"})
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass
-class Lifecycle:
-    """Readiness and the streams in progress, for probes and graceful drain (one per app)."""
-
-    draining: bool = False
-    active: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def enter(self) -> None:
-        self.active += 1
-        self.idle.clear()
-
-    def leave(self) -> None:
-        self.active -= 1
-        if self.active == 0:
-            self.idle.set()
-
-    async def drain(self, timeout: float) -> bool:
-        """Flip readiness, then wait for streams to finish; True if all did in time."""
-        self.draining = True
-        if self.active == 0:
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), timeout)
-        return self.active == 0
 
 
 class Guard:
     """Pure ASGI: x-request-id in/out, bearer API key on public paths, draining refusals."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, lifecycle: Lifecycle) -> None:
+    def __init__(self, app: ASGIApp, api_key: ApiKey, lifecycle: Lifecycle) -> None:
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        self.api_key = api_key
         self.lifecycle = lifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        rid = headers.get(b"x-request-id") or f"req-{time.monotonic_ns():x}".encode()
-        scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
-            await send(message)
-
+        send_with_id = RequestIdSend(scope["headers"], send)
         path = scope["path"]
-        if path not in PROBES and self.api_key is not None:
-            auth = headers.get(b"authorization", b"")
-            if not (auth[:7].lower() == b"bearer " and hmac.compare_digest(auth[7:], self.api_key)):
-                resp = error_response(401, "Invalid or missing API key.", "AuthenticationError",
-                                      None)
-                resp.headers["www-authenticate"] = "Bearer"
-                # Answered before its body was read, so the server will close the connection
-                # (h11 cannot find the next request's start): said up front, a keep-alive
-                # client opens a new one instead of writing into a closing socket.
-                resp.headers["connection"] = "close"
-                await resp(scope, receive, send_with_id)
-                return
-        if self.lifecycle.draining and path not in PROBES and scope["method"] == "POST":
-            resp = error_response(503, "The router is shutting down.", "ServiceUnavailable", None)
-            resp.headers["retry-after"] = "1"
-            resp.headers["connection"] = "close"
-            await resp(scope, receive, send_with_id)
+        refusal: APIError | None = None
+        if path not in PROBES and not self.api_key.admits(scope["headers"]):
+            refusal = AuthenticationError()
+        elif self.lifecycle.draining and path not in PROBES and scope["method"] == "POST":
+            refusal = ShuttingDownError()
+        if refusal is not None:
+            await error_response(refusal)(scope, receive, send_with_id)
             return
         await self.app(scope, receive, send_with_id)
 
@@ -153,25 +117,20 @@ class RouterApp(Starlette):
             del scope[RAW_SEND]
 
 
-async def on_overloaded(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, Overloaded)
-    request.state.router_metrics.rejected.labels(str(exc.status)).inc()
-    kind = "RateLimitError" if exc.status == 429 else "ServiceUnavailable"
-    resp = error_response(exc.status, exc.message, kind, None)
-    resp.headers["retry-after"] = str(exc.retry_after)
-    return resp
+def router_errors() -> ErrorPath:
+    """The router's error path: refusals and departures counted in its metrics, render's errors
+    in render's (as the render service counts them)."""
 
+    def observe(request: Request, err: APIError) -> None:
+        st = router_state(request.scope["state"])
+        if isinstance(err, OverloadedError):
+            st.router_metrics.rejected.labels(str(err.status)).inc()
+        elif isinstance(err, ClientGoneError):
+            st.router_metrics.requests.labels(request.url.path, "499").inc()
+        elif not isinstance(err, EngineLinkError):
+            st.render.metrics.add_error(request.url.path, err.type)
 
-async def on_client_left(request: Request, exc: Exception) -> Response:
-    # Nobody reads this answer; the status only marks the request in logs and metrics.
-    request.state.router_metrics.requests.labels(request.url.path, "499").inc()
-    return Response(b"", status_code=499)
-
-
-async def on_engine_error(request: Request, exc: Exception) -> Response:
-    resp = error_response(503, f"Engine unavailable: {exc}", "ServiceUnavailable", None)
-    resp.headers["retry-after"] = "1"
-    return resp
+    return ErrorPath(observe)
 
 
 async def health(request: Request) -> Response:
@@ -179,7 +138,7 @@ async def health(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    st = request.state
+    st = router_state(request.scope["state"])
     if st.lifecycle.draining:
         return Response(b"draining", status_code=503)
     if not st.dispatcher.healthy():
@@ -188,8 +147,8 @@ async def ready(request: Request) -> Response:
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    st = request.state
-    body = st.router_metrics.exposition() + st.metrics.exposition()
+    st = router_state(request.scope["state"])
+    body = st.router_metrics.exposition() + st.render.metrics.exposition()
     return Response(body, media_type=PROMETHEUS)
 
 
@@ -209,33 +168,29 @@ def _engine_snapshot(client: EngineClient) -> Callable[[], dict[str, dict[str, f
     return read
 
 
-def render_config(cfg: RouterConfig) -> ServerConfig:
-    """The in-process render's config, with `kvroute render`'s served-name rule."""
-    model = Path(cfg.model)
-    name = cfg.served_model_name or (
-        EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL else str(model))
-    spec = ModelSpec(
-        model=model,
-        served_model_name=name,
+def model_of(cfg: RouterConfig) -> ModelSpec:
+    """The model the router renders for, named as `kvroute render` would name it."""
+    return model_spec(
+        Path(cfg.model), cfg.served_model_name,
         tokenizer=Path(cfg.tokenizer) if cfg.tokenizer else None,
         chat_template=Path(cfg.chat_template) if cfg.chat_template else None,
-        max_model_len=cfg.max_model_len,
-    )
-    return ServerConfig(models=(spec,), max_body_bytes=cfg.limits.max_body_bytes)
+        max_model_len=cfg.max_model_len)
 
 
 def create_app(cfg: RouterConfig) -> Starlette:
     """The router app; its lifespan builds every socket, task and index and tears them down."""
     lifecycle = Lifecycle()
-    rcfg = render_config(cfg)
+    spec = model_of(cfg)
+    limits = RenderLimits(max_body_bytes=cfg.limits.max_body_bytes)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
-        models = render_server.Models(
-            await asyncio.to_thread(load_models, rcfg), int(time.time()))
-        pool = ThreadPoolExecutor(rcfg.render_threads, thread_name_prefix="render")
+        models = Models(await asyncio.to_thread(load_models, [spec]), int(time.time()))
+        pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
+        render = RenderState(models, (spec.model,), limits, pool, Codecs(),
+                             RenderMetrics(render_server.ROUTE_PATHS), None)
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
@@ -253,23 +208,19 @@ def create_app(cfg: RouterConfig) -> Starlette:
         dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
-        state = {
-            "config": rcfg, "router_config": cfg, "models": models, "pool": pool,
-            "metrics": RenderMetrics(render_server.ROUTE_PATHS),
-            "codecs": Codecs(),
-            "router_metrics": metrics, "remote": remote, "client": client, "kv": kv,
-            "index": index, "dispatcher": dispatcher, "lifecycle": lifecycle,
-            "fleet": fleet, "active": {}, "decoders": decoders,
-            "generate_decoder": msgspec.json.Decoder(GenerateRequest),
-        }
-        # For in-process tools (demo, tests): the same objects the handlers see.
-        app.state.live = SimpleNamespace(**state)
+        st = RouterState(
+            config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
+            index=index, dispatcher=dispatcher, fleet=fleet, lifecycle=lifecycle,
+            router_metrics=metrics, decoders=decoders,
+            generate_decoder=msgspec.json.Decoder(GenerateRequest))
+        # For in-process tools (demo, tests): the same object the handlers see.
+        app.state.live = st
         # The startup heap (tokenizers, templates, the index) lives as long as the process, yet
         # each full collection re-scans it: ~70 ms pauses in the middle of streams. Freeze it.
         gc.collect()
         gc.freeze()
         try:
-            yield state
+            yield {ROUTER_KEY: st, RENDER_KEY: render}
         finally:
             gc.unfreeze()  # in-process users (tests, the demo) get their garbage collected again
             lifecycle.draining = True
@@ -300,15 +251,11 @@ def create_app(cfg: RouterConfig) -> Starlette:
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    exception_handlers = {
-        Overloaded: on_overloaded,
-        EngineLinkError: on_engine_error,
-        handlers.ClientLeft: on_client_left,
-        **EXCEPTION_HANDLERS,
-    }
-    app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=exception_handlers)
-    app.add_middleware(Guard, api_key=cfg.api_key, lifecycle=lifecycle)
-    app.fast = FastPath(cfg.api_key, lifecycle, exception_handlers)
+    errors = router_errors()
+    api_key = ApiKey(cfg.api_key)
+    app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=dict(errors.handlers()))
+    app.add_middleware(Guard, api_key=api_key, lifecycle=lifecycle)
+    app.fast = FastPath(api_key, lifecycle, errors)
     app.state.lifecycle = lifecycle
     return app
 

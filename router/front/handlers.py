@@ -11,14 +11,18 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from output.detokenize import TokenDecoder
 from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest
-from render.service.server import json_response, read_body, render_in
+from render.renderer import Renderer
 from router.config import EngineSpec
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.respond import EngineResponse, client_disconnected
+from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
+from serving.body import json_response, read_body
+from serving.errors import ClientGoneError
 from wire.sampling import SamplingParams
 
 T = TypeVar("T")
@@ -64,8 +68,8 @@ def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpe
     )
 
 
-async def _open(st: Any, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                stream: bool, decoder: Any) -> EngineResponse:
+async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
+                stream: bool, decoder: TokenDecoder) -> EngineResponse:
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
@@ -76,11 +80,7 @@ async def _open(st: Any, receive: Receive, gen: GenerateRequest, spec: PipelineS
     return EngineResponse(st, routed, spec, decoder, stream)
 
 
-class ClientLeft(Exception):
-    """The client disconnected before its request reached the engine's first token."""
-
-
-async def _unless_client_leaves(st: Any, receive: Receive, opening: Awaitable[T]) -> T:
+async def _unless_client_leaves(st: RouterState, receive: Receive, opening: Awaitable[T]) -> T:
     """Await the engine's first output, unless the client disconnects first: a request queued
     in the router or prefilling on an engine is then cancelled, which aborts it on the engine
     (Dispatcher.open) instead of spending the prefill on nobody.
@@ -90,7 +90,8 @@ async def _unless_client_leaves(st: Any, receive: Receive, opening: Awaitable[T]
     this task when the client leaves, and the cancellation becomes ``ClientLeft``. Most
     openings finish within a millisecond or two, so the watcher (a task) only starts when the
     opening is still waiting after ``WATCH_AFTER``: a client that leaves is noticed that much
-    later, and the common request pays for a timer instead of a task and its two steps."""
+    later, and the common request pays for a timer instead of a task and its two steps.
+    A client gone before the first token is ``ClientGoneError`` (499)."""
     task = asyncio.current_task()
     assert task is not None
     gone = False
@@ -115,7 +116,7 @@ async def _unless_client_leaves(st: Any, receive: Receive, opening: Awaitable[T]
             raise  # cancelled from outside (shutdown), not by the watcher
         if isinstance(opening, asyncio.Future) and opening.done() and not opening.cancelled():
             await _give_back(st, opening.result())  # it completed as the client left
-        raise ClientLeft from None
+        raise ClientGoneError from None
     finally:
         timer.cancel()
         if left is not None:
@@ -124,11 +125,11 @@ async def _unless_client_leaves(st: Any, receive: Receive, opening: Awaitable[T]
     if gone:  # the cancellation was absorbed by ``opening``: the client is gone all the same
         task.uncancel()
         await _give_back(st, result)
-        raise ClientLeft
+        raise ClientGoneError
     return result
 
 
-async def _give_back(st: Any, result: object) -> None:
+async def _give_back(st: RouterState, result: object) -> None:
     """Release what an opening placed on engines for a client that has left."""
     placed = [r for r in (result if isinstance(result, list) else [result])
               if isinstance(r, Routed)]
@@ -137,29 +138,29 @@ async def _give_back(st: Any, result: object) -> None:
         st.dispatcher.done(routed)
 
 
-async def chat_completions(request: Request) -> Any:
+async def chat_completions(request: Request) -> EngineResponse:
     arrival = time.perf_counter()
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
+    st = router_state(request.scope["state"])
+    body = await read_body(request, st.render.limits.max_body_bytes)
     return await open_chat(st, request.receive, body, arrival)
 
 
-async def open_chat(st: Any, receive: Receive, body: bytes, arrival: float) -> EngineResponse:
+async def open_chat(st: RouterState, receive: Receive, body: bytes,
+                    arrival: float) -> EngineResponse:
     """A read chat completions body: render, route, open; its answer is the returned app."""
-    req = st.codecs.chat.decode(body)
+    req = st.render.codecs.chat.decode(body)
     renderer = st.models.get(req.model)
     if st.remote is not None:
         gen = await st.remote.render_chat(body)
     else:
-        gen = await render_in(st.models, st.config, st.pool, renderer, len(body),
-                              renderer.render_chat, req)
+        gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  return_token_ids=bool(req.return_token_ids))
     return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
 
 
-async def _answer(st: Any, receive: Receive, gen: Any, spec: Any, stream: bool,
-                  renderer: Any, arrival: float) -> EngineResponse:
+async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
+                  stream: bool, renderer: Renderer, arrival: float) -> EngineResponse:
     """Open the engine request and its response, timed from the request's arrival."""
     decoder = st.decoders[renderer.served_model_name]
     resp = await _open(st, receive, gen, spec, stream, decoder)
@@ -167,23 +168,22 @@ async def _answer(st: Any, receive: Receive, gen: Any, spec: Any, stream: bool,
     return resp
 
 
-async def completions(request: Request) -> Any:
+async def completions(request: Request) -> EngineResponse:
     arrival = time.perf_counter()
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
+    st = router_state(request.scope["state"])
+    body = await read_body(request, st.render.limits.max_body_bytes)
     return await open_completion(st, request.receive, body, arrival)
 
 
-async def open_completion(st: Any, receive: Receive, body: bytes,
+async def open_completion(st: RouterState, receive: Receive, body: bytes,
                           arrival: float) -> EngineResponse:
     """A read completions body: render (one or several prompts), route, open."""
-    req = st.codecs.completion.decode(body)
+    req = st.render.codecs.completion.decode(body)
     renderer = st.models.get(req.model)
     if st.remote is not None:
         gens = await st.remote.render_completion(body)
     else:
-        gens = await render_in(st.models, st.config, st.pool, renderer, len(body),
-                               renderer.render_completion, req)
+        gens = await st.render.run(renderer, len(body), renderer.render_completion, req)
     specs = [
         _spec(COMPLETION, gen, renderer.served_model_name,
               echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
@@ -197,8 +197,8 @@ async def open_completion(st: Any, receive: Receive, body: bytes,
     return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival)
 
 
-async def _answer_prompts(st: Any, receive: Receive, gens: list[GenerateRequest],
-                          specs: list[PipelineSpec], stream: bool, renderer: Any,
+async def _answer_prompts(st: RouterState, receive: Receive, gens: list[GenerateRequest],
+                          specs: list[PipelineSpec], stream: bool, renderer: Renderer,
                           arrival: float) -> EngineResponse:
     """Several prompts: each routed on its own, concurrently; answered as one response."""
     # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
@@ -228,15 +228,15 @@ async def _answer_prompts(st: Any, receive: Receive, gens: list[GenerateRequest]
     return resp
 
 
-async def generate(request: Request) -> Any:
+async def generate(request: Request) -> EngineResponse:
     """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text) out."""
     arrival = time.perf_counter()
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
+    st = router_state(request.scope["state"])
+    body = await read_body(request, st.render.limits.max_body_bytes)
     return await open_generate(st, request.receive, body, arrival)
 
 
-async def open_generate(st: Any, receive: Receive, body: bytes,
+async def open_generate(st: RouterState, receive: Receive, body: bytes,
                         arrival: float) -> EngineResponse:
     """A read token-in body: decode and check it, route, open."""
     gen = st.generate_decoder.decode(body)
@@ -288,8 +288,8 @@ def _refuse(message: str, param: str) -> NoReturn:
 
 
 async def abort_requests(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
+    st = router_state(request.scope["state"])
+    body = await read_body(request, st.render.limits.max_body_bytes)
     req = msgspec.json.decode(body, type=AbortRequests)
     for rid in req.request_ids:
         routed = st.active.get(rid)
@@ -300,10 +300,11 @@ async def abort_requests(request: Request) -> Response:
 
 async def add_engine(request: Request) -> Response:
     """An engine joins at run time: bind its handshake address; start the engine against it."""
-    st = request.state
+    st = router_state(request.scope["state"])
     body = await read_body(request, 64 * 1024)
     req = msgspec.json.decode(body, type=JoinEngine)
     if req.name in st.client.engines:
         raise BadRequestError(f"engine {req.name!r} already exists", "name")
     spec = EngineSpec(req.name, req.handshake, req.kv_events, req.replay, req.topic)
-    return json_response(request, {"name": req.name, "handshake": st.fleet.join(spec)})
+    answer = {"name": req.name, "handshake": st.fleet.join(spec)}
+    return json_response(st.render.codecs.encoder, answer)

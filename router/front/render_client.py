@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from render.errors import RenderError
 from render.protocol import GenerateRequest
+from serving.errors import APIError, ServiceUnavailableError
 
 
 class _ErrorBody(msgspec.Struct):
@@ -20,7 +20,8 @@ class _Error(msgspec.Struct):
 
 
 class RenderClient:
-    """Forwards the client's JSON body unchanged; render errors come back as RenderError."""
+    """Forwards the client's JSON body unchanged; a render error comes back as
+    the APIError it answered."""
 
     def __init__(self, base_url: str, timeout: float = 60.0) -> None:
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout)
@@ -37,9 +38,7 @@ class RenderClient:
                 path, content=body, headers={"content-type": "application/json"}
             )
         except httpx.HTTPError as exc:
-            raise RenderError(
-                503, f"render service unreachable: {exc}", "ServiceUnavailable"
-            ) from exc
+            raise ServiceUnavailableError(f"render service unreachable: {exc}") from exc
         if resp.status_code != 200:
             try:
                 err = self._error.decode(resp.content).error
@@ -47,7 +46,7 @@ class RenderClient:
                 err = _ErrorBody(resp.text[:500] or "render service error")
             # A render 5xx is the render service's fault, not the client's: surface it as 502.
             status = resp.status_code if resp.status_code < 500 else 502
-            raise RenderError(status, err.message, err.type, err.param)
+            raise APIError(status, err.message, err.type, err.param)
         return resp.content
 
     async def render_chat(self, body: bytes) -> GenerateRequest:

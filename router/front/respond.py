@@ -12,11 +12,14 @@ from typing import Any
 import msgspec
 
 from output.collect import collect
-from output.pipeline import EngineOutputError, Pipeline, PipelineSpec
-from output.sse import RAW_SEND, SSEResponse, error_response, sse_stream
+from output.detokenize import TokenDecoder
+from output.pipeline import Pipeline, PipelineSpec
+from output.sse import RAW_SEND, SSEResponse, sse_stream
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
+from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
 from router.routing.dispatch import Routed
+from serving.errors import EngineOutputError, error_json
 from wire.engine import EngineCoreOutput
 
 _JSON = msgspec.json.Encoder()
@@ -25,8 +28,9 @@ _JSON = msgspec.json.Encoder()
 class EngineResponse:
     """An ASGI app: runs the pipeline over the routed request's outputs and writes the answer."""
 
-    def __init__(self, state: Any, routed: Routed | RoutedGroup, spec: PipelineSpec,
-                 decoder: Any, stream: bool, pipeline: PipelineGroup | None = None) -> None:
+    def __init__(self, state: RouterState, routed: Routed | RoutedGroup, spec: PipelineSpec,
+                 decoder: TokenDecoder, stream: bool,
+                 pipeline: PipelineGroup | None = None) -> None:
         self.st = state
         self.routed = routed
         self.group = pipeline  # several prompts in one completions request
@@ -88,12 +92,8 @@ class EngineResponse:
             work = task  # done: awaiting it below takes no loop pass
         try:
             body, code = _JSON.encode(await work), 200
-        except EngineOutputError as exc:
-            body, code = _JSON.encode(error_response(str(exc), exc.code)), exc.code
-        except EngineLinkError as exc:
-            body = _JSON.encode(error_response(f"Engine failed: {exc}", 503,
-                                               "ServiceUnavailable"))
-            code = 503
+        except (EngineOutputError, EngineLinkError) as exc:
+            body, code = error_json(exc), exc.status
         # A declared length: without it both servers frame the body chunked, and the client
         # waits for a third write (the empty last chunk) before the answer is complete.
         headers = [(b"content-type", b"application/json"), (b"x-kvroute-route", route),

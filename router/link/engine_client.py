@@ -6,7 +6,7 @@ handshake (engines started with ``vllm serve M --headless --data-parallel-addres
 PULL its output PUSH connects to. Engine identities are ``dp_rank.to_bytes(2, "little")``, so every
 DP=1 engine is ``b"\\x00\\x00"``: one input socket per engine keeps them apart.
 
-Errors live in ``router.link.engine_errors`` (re-exported here).
+Errors live in ``serving.errors`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from router.link.engine_errors import (
+from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
+from router.link.engine_state import EngineSpec, EngineState, EngineStatus
+from router.link.request_stream import RequestStream
+from serving.errors import (
     EngineDeadError,
     EngineLinkError,
     EngineUnavailableError,
     UtilityCallError,
 )
-from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
-from router.link.engine_state import EngineSpec, EngineState, EngineStatus
-from router.link.request_stream import RequestStream
 from wire.engine import (
     ENGINE_CORE_DEAD,
     REQ_ABORT,

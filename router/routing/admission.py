@@ -8,16 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from router.routing.policy import EngineLoad
-
-
-class Overloaded(Exception):
-    """No slot now: 429 when the wait queue is full, 503 when waiting timed out or no engine."""
-
-    def __init__(self, status: int, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
+from serving.errors import OverloadedError
 
 
 @dataclass(slots=True)
@@ -61,11 +52,11 @@ class Admission:
         return out
 
     async def wait_for_slot(self, has_open: Callable[[], bool]) -> None:
-        """Return once ``has_open()``; FIFO behind earlier waiters; raise Overloaded."""
+        """Return once ``has_open()``; FIFO behind earlier waiters; raise OverloadedError."""
         if not self._waiters and has_open():
             return
         if len(self._waiters) >= self.max_queue:
-            raise Overloaded(429, "The router's request queue is full; retry later.",
+            raise OverloadedError(429, "The router's request queue is full; retry later.",
                              self.retry_after)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue_timeout
@@ -75,7 +66,7 @@ class Admission:
             try:
                 await asyncio.wait_for(fut, max(deadline - loop.time(), 0.0))
             except TimeoutError:
-                raise Overloaded(503, "No engine slot became free in time; retry later.",
+                raise OverloadedError(503, "No engine slot became free in time; retry later.",
                                  self.retry_after) from None
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():

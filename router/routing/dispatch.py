@@ -16,8 +16,9 @@ from render.errors import BadRequestError
 from router.kvfeed.kv_subscriber import kv_namespace
 from router.link.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
 from router.obs.metrics import RouterMetrics
-from router.routing.admission import Admission, Overloaded
+from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
+from serving.errors import OverloadedError
 from wire.engine import EngineCoreOutput, EngineCoreRequest, LoRARequest
 from wire.sampling import SamplingParams
 
@@ -100,7 +101,8 @@ class Dispatcher:
     ) -> Routed:
         """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
 
-        Raises Overloaded (no slot / no engine) or EngineLinkError (failed twice before a token).
+        Raises OverloadedError (no slot / no engine) or EngineLinkError (failed twice before a
+        token).
         """
         namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
         n = params.n
@@ -188,7 +190,7 @@ class Dispatcher:
             return Routed(decision, uncached, streams, first, attempt)
         if last_error is not None:
             raise last_error
-        raise Overloaded(503, "No healthy engine is available; retry later.",
+        raise OverloadedError(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
 
     def _opened_metrics(self, engine: str, predicted_cached: int,

@@ -1,0 +1,128 @@
+"""The render service's typed state: built in the lifespan, read by every render handler.
+
+The router serves render's endpoints too (rendering in process) and holds one of these inside its
+own state, built by ``RenderState`` from explicit arguments, not from a render ServerConfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from render.registry import ModelRegistry
+from render.renderer import Renderer
+from render.service.config import RenderLimits
+from render.service.loading import Codecs, find_model
+from render.service.offload import RenderHelper
+from serving.metrics import RenderMetrics
+
+T = TypeVar("T")
+# The key of the RenderState in the lifespan state (and so in every request's scope["state"]).
+STATE_KEY = "kvroute.render"
+
+
+class Models:
+    """The loaded renderers, each with the lock that serialises its renders in this worker.
+
+    A Renderer is not thread-safe (its caches mutate), and big renders run on a thread while small
+    ones run on the loop, so every render of a model takes its asyncio lock first: waiting for it
+    never blocks the loop, and the lock is uncontended on the common path.
+    """
+
+    def __init__(self, registry: ModelRegistry, created: int) -> None:
+        self.registry = registry
+        self.locks = {name: asyncio.Lock() for name in registry.names()}
+        self.costs = {name: RenderCost() for name in registry.names()}
+        self.created = created
+
+    def get(self, name: str | None) -> Renderer:
+        return find_model(self.registry, name)
+
+
+class RenderCost:
+    """One model's CPU seconds per body byte, to predict a render's cost.
+
+    Small requests carry a fixed overhead, so their per-byte cost over-predicts big ones: the
+    estimate errs towards the thread, the side that never blocks the loop. It rises to a dearer
+    sample at once and falls back slowly: renders served from the segment cache cost a fraction
+    of a fresh text's, and a run of them must not send the next fresh 400 KB body to the loop.
+    """
+
+    def __init__(self) -> None:
+        self.per_byte: float | None = None
+
+    def predict(self, size: int) -> float | None:
+        return None if self.per_byte is None else size * self.per_byte
+
+    def observe(self, size: int, seconds: float) -> None:
+        sample = seconds / max(size, 1)
+        if self.per_byte is None or sample > self.per_byte:
+            self.per_byte = sample
+        else:
+            self.per_byte = 0.9 * self.per_byte + 0.1 * sample
+
+
+class Budget(Protocol):
+    """Where a body renders by its size (RenderLimits, or a ServerConfig)."""
+
+    @property
+    def offload_bytes(self) -> int: ...
+    @property
+    def inline_max_bytes(self) -> int: ...
+    @property
+    def inline_budget_ms(self) -> float: ...
+
+
+def _timed(cost: RenderCost, size: int, fn: Callable[..., T], *args: Any) -> T:
+    t0 = time.thread_time()  # this thread's CPU: a render waiting for the GIL costs nothing
+    try:
+        return fn(*args)
+    finally:
+        cost.observe(size, time.thread_time() - t0)
+
+
+async def render_in(models: Models, budget: Budget, pool: ThreadPoolExecutor,
+                    renderer: Renderer, size: int, fn: Callable[..., T], *args: Any) -> T:
+    """Runs ``fn`` under the model's lock: on the loop when small or predicted cheap (a thread
+    handoff costs more than a fast render), else on the render pool."""
+    name = renderer.served_model_name
+    cost = models.costs[name]
+    async with models.locks[name]:
+        predicted = cost.predict(size)
+        if size <= budget.offload_bytes or (
+            size <= budget.inline_max_bytes
+            and predicted is not None
+            and predicted * 1e3 <= budget.inline_budget_ms
+        ):
+            return _timed(cost, size, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, _timed, cost, size, fn, *args
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RenderState:
+    """What a render handler reads: the models, limits, pool, codecs, metrics, helpers."""
+
+    models: Models
+    roots: tuple[Path, ...]  # each model's directory, in registry order (GET /v1/models)
+    limits: RenderLimits
+    pool: ThreadPoolExecutor
+    codecs: Codecs
+    metrics: RenderMetrics
+    helper: RenderHelper | None  # None: every body renders in this process (the router)
+
+    async def run(self, renderer: Renderer, size: int, fn: Callable[..., T], *args: Any) -> T:
+        return await render_in(self.models, self.limits, self.pool, renderer, size, fn, *args)
+
+
+def render_state(state: MutableMapping[str, Any]) -> RenderState:
+    """The RenderState in a request's ``scope["state"]`` (put there by the lifespan)."""
+    st = state[STATE_KEY]
+    assert isinstance(st, RenderState), "the lifespan stores the RenderState under STATE_KEY"
+    return st

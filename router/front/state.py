@@ -1,0 +1,87 @@
+"""The router's typed state: built in the lifespan, read by every handler on the request path.
+
+Starlette's ``request.state`` is untyped; the lifespan stores one ``RouterState`` under
+``STATE_KEY`` (and render's ``RenderState`` under its own key, for render's endpoints), and the
+handlers fetch it once through ``router_state``: from there on every field is typed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import msgspec
+
+    from output.detokenize import TokenDecoder
+    from radix import PrefixIndex
+    from render.protocol import GenerateRequest
+    from render.service.state import Models, RenderState
+    from router.config import RouterConfig
+    from router.front.multi_prompt import RoutedGroup
+    from router.front.render_client import RenderClient
+    from router.kvfeed.kv_subscriber import KVSubscriber
+    from router.link.engine_client import EngineClient
+    from router.obs.metrics import RouterMetrics
+    from router.routing.dispatch import Dispatcher, Routed
+    from router.routing.fleet import Fleet
+
+STATE_KEY = "kvroute.router"
+
+
+@dataclass
+class Lifecycle:
+    """Readiness and the streams in progress, for probes and graceful drain (one per app)."""
+
+    draining: bool = False
+    active: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def enter(self) -> None:
+        self.active += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Flip readiness, then wait for streams to finish; True if all did in time."""
+        self.draining = True
+        if self.active == 0:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        return self.active == 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RouterState:
+    """Everything the router's handlers read, built once per app by its lifespan."""
+
+    config: RouterConfig
+    render: RenderState  # the in-process render: models, limits, pool, codecs, metrics
+    models: Models  # ``render.models``, read on every request
+    remote: RenderClient | None  # set: render in the `kvroute render` service at --render-url
+    client: EngineClient
+    kv: KVSubscriber
+    index: PrefixIndex
+    dispatcher: Dispatcher
+    fleet: Fleet
+    lifecycle: Lifecycle
+    router_metrics: RouterMetrics
+    decoders: dict[str, TokenDecoder]  # by served model name
+    generate_decoder: msgspec.json.Decoder[GenerateRequest]
+    # The requests on engines now, by request id (abort_requests, duplicate-id refusal).
+    active: dict[str, Routed | RoutedGroup] = field(default_factory=dict)
+
+
+def router_state(state: MutableMapping[str, Any]) -> RouterState:
+    """The RouterState in a request's ``scope["state"]`` (put there by the lifespan)."""
+    st = state[STATE_KEY]
+    assert isinstance(st, RouterState), "the lifespan stores the RouterState under STATE_KEY"
+    return st
