@@ -300,19 +300,22 @@ def test_uvicorn_serves_the_same_answers(url: str) -> None:
 
 
 def test_two_workers_share_the_port() -> None:
-    with render_server("--workers", "2", *NO_HELPER, workers=2) as u:
-        pids: set[str] = set()
-        # Each fresh connection is accepted by whichever worker is free; /metrics names it.
-        for _ in range(200):
-            r = httpx.post(u + "/v1/chat/completions/render", json={"messages": HI})
-            assert r.json()["token_ids"] == HI_IDS
-            # A worker that has answered nothing yet has no labelled samples to name itself by.
-            m = re.search(r'worker="(\d+)"', httpx.get(u + "/metrics").text)
-            if m:
-                pids.add(m.group(1))
-            if len(pids) == 2:
-                break
-        assert len(pids) == 2  # both workers answer on the one port
+    """Both workers answer on the one port: with one of them stopped (SIGSTOP), a fresh
+    connection is accepted and answered by the other, each way round."""
+    with render_service("--workers", "2", *NO_HELPER, workers=2) as service:
+        pids = [int(p) for p in re.findall(r"ready on \S+ \(pid (\d+)\)", service.output)]
+        assert len(set(pids)) == 2
+        for stopped, serving in (pids, pids[::-1]):
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                # One fresh keep-alive connection: its requests all reach the same worker.
+                with httpx.Client(base_url=service.url, timeout=60) as c:
+                    r = c.post("/v1/chat/completions/render", json={"messages": HI})
+                    assert r.json()["token_ids"] == HI_IDS
+                    workers = set(re.findall(r'worker="(\d+)"', c.get("/metrics").text))
+                    assert workers == {str(serving)}
+            finally:
+                os.kill(stopped, signal.SIGCONT)
 
 
 # --- the event loop stays free while a 100k-token chat renders -----------------------------
