@@ -77,9 +77,10 @@ class RenderService:
 
 
 @contextmanager
-def render_service(*args: str, timeout: float = 60.0, workers: int = 1,
+def render_service(*args: str, timeout: float = 180.0, workers: int = 1,
                    new_session: bool = False) -> Iterator[RenderService]:
-    """Starts ``python -m render.server --port 0 ARGS``; yields it once all workers are up.
+    """Starts ``python -m render.server --port 0 ARGS``; yields it once all workers are up
+    (``timeout``: a generous bound on a hang, the start takes seconds).
     ``new_session``: in its own process group (a terminal's Ctrl-C reaches the whole group)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
@@ -108,14 +109,14 @@ def render_service(*args: str, timeout: float = 60.0, workers: int = 1,
 
 
 @contextmanager
-def render_server(*args: str, timeout: float = 60.0, workers: int = 1) -> Iterator[str]:
+def render_server(*args: str, timeout: float = 180.0, workers: int = 1) -> Iterator[str]:
     """``render_service`` yielding its URL."""
     with render_service(*args, timeout=timeout, workers=workers) as service:
         yield service.url
 
 
 @contextmanager
-def render_process(*args: str, timeout: float = 60.0, workers: int = 1,
+def render_process(*args: str, timeout: float = 180.0, workers: int = 1,
                    new_session: bool = False) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``render_service`` yielding its URL and process."""
     with render_service(*args, timeout=timeout, workers=workers,
