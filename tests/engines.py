@@ -4,9 +4,10 @@ Engines are real processes speaking the real protocol on ipc paths under a tmp d
 client handshakes with an engine (``launch``); later clients bind the same input/output addresses
 and re-adopt it, as a restarted router would. Real vLLM engines start once per session (~75-150 s).
 
-A headless vLLM engine dials its handshake at ``tcp://--data-parallel-address:--data-parallel-rpc-port``
-(TCP only), so its spec asks for port 0 and the engine is started with the port the client's
-socket got (``spawn(port)``); a simulated engine takes a full zmq URL and handshakes on an ipc path.
+A headless vLLM engine dials its handshake at ``--data-parallel-address`` and
+``--data-parallel-rpc-port`` (TCP only), so its spec asks for port 0 and the engine is started
+with the port the client's socket got (``spawn(port)``); a simulated engine takes a full zmq URL
+and handshakes on an ipc path.
 """
 
 from __future__ import annotations
