@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/render_offload.py [--rounds 4] [--probes 300] [--servers helper,thread]
 
-The procedure of tests/test_render_server.py::test_health_stays_fast_while_a_100k_token_chat_renders
+The /health-under-load procedure (its bound checked by bench/render_health.py)
 on each server kind, rounds interleaved: fresh ~400 KB chats (102k tokens each, none from the
 segment cache) sent one after another by another process (tests/chat_sender.py) while this one
 probes /health back to back on its own keep-alive connection; between renders, the same probes

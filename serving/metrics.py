@@ -51,6 +51,10 @@ class RenderMetrics:
             "kvroute_render_helper_renders", "Requests rendered in a helper process (errors too)",
             ["worker"], registry=self.registry,
         )
+        self.helper_in_flight = Gauge(
+            "kvroute_render_helper_in_flight", "Requests handed to a helper process, not back yet",
+            ["worker"], registry=self.registry,
+        )
         self.helper_restarts = Counter(
             "kvroute_render_helper_restarts", "Helper pools respawned after a helper process died",
             ["worker"], registry=self.registry,

@@ -1,8 +1,10 @@
 """Test helper process: sends fresh ~100k-token chats to a render server, one per "go" on stdin.
 
-The /health latency test probes from its own event loop; sending 400 KB and reading 700 KB in that
-same process (its loop, or a thread contending for its GIL) would put the client's own stalls into
-the probes. Protocol on stdout: "building" while it builds the next chat (~50 ms of one core: a
+The /health latency benchmarks (bench/render_health.py, bench/render_offload.py) probe from their
+own event loop; sending 400 KB and reading 700 KB in that same process (its loop, or a thread
+contending for its GIL) would put the client's own stalls into the probes. ``chat_request`` also
+builds the 100k-token chat of tests/test_render_server.py.
+Protocol on stdout: "building" while it builds the next chat (~50 ms of one core: a
 control, some other process busy on a core), "ready" once built, then after each "go" line on
 stdin "done STATUS" as soon as the answer is in, then "tokens N" (the rendered prompt's length, 0
 on an error or an empty answer: parsing 700 KB of JSON is CPU this process spends after the

@@ -1,3 +1,17 @@
-"""Shared pytest configuration: fixtures live in their own modules, registered here."""
+"""Shared pytest configuration: fixtures live in their own modules, registered here.
+
+Hypothesis profiles: ``ci`` (the default) is derandomized, so every machine and every run tries
+the same examples and a failure seen in CI reproduces on a laptop; ``dev`` explores new random
+examples each run. Pick one with ``HYPOTHESIS_PROFILE=dev`` or ``--hypothesis-profile dev``.
+Neither has a deadline: an example's duration depends on how busy the machine is.
+"""
+
+import os
+
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 pytest_plugins = ["tests.engines"]

@@ -1,8 +1,13 @@
 """Engine processes for tests: simulated engines and real headless vLLM engines, plus a naive index.
 
 Engines are real processes speaking the real protocol on ipc paths under a tmp dir. The first
-client handshakes with an engine (``launch``); later clients bind the same addresses and re-adopt
-it, as a restarted router would. Real vLLM engines start once per session (~75-150 s).
+client handshakes with an engine (``launch``); later clients bind the same input/output addresses
+and re-adopt it, as a restarted router would. Real vLLM engines start once per session (~75-150 s).
+
+A headless vLLM engine dials its handshake at ``--data-parallel-address`` and
+``--data-parallel-rpc-port`` (TCP only), so its spec asks for port 0 and the engine is started
+with the port the client's socket got (``spawn(port)``); a simulated engine takes a full zmq URL
+and handshakes on an ipc path.
 """
 
 from __future__ import annotations
@@ -52,10 +57,16 @@ class EngineProc:
     def __post_init__(self) -> None:
         self.log_path = self.workdir / f"{self.name}.log"
 
-    def spawn(self) -> None:
+    def spawn(self, handshake_port: int | None = None) -> None:
+        """Start the engine; a vLLM one needs the TCP port its frontend's handshake socket got."""
+        argv = self.argv
+        if self.kind == "vllm":
+            if handshake_port is None:
+                raise ValueError("a vLLM engine dials its handshake over TCP: pass the bound port")
+            argv = [*argv, "--data-parallel-rpc-port", str(handshake_port)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.argv,
+                argv,
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -97,21 +108,12 @@ class EngineProc:
             return "(no log)"
 
 
-def free_tcp_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> EngineProc:
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_tcp_port()
+    handshake = "tcp://127.0.0.1:0" if kind == "vllm" else f"ipc://{workdir}/{name}-hs"
     spec = EngineSpec(
         name=name,
-        handshake_address=f"tcp://127.0.0.1:{port}",
+        handshake_address=handshake,
         input_address=f"ipc://{workdir}/{name}-in",
         output_address=f"ipc://{workdir}/{name}-out",
     )
@@ -124,10 +126,6 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
     }
     kv = KVEndpoints.from_config(name, kv_config)
     common = [
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(port),
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--kv-events-config",
@@ -140,7 +138,8 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
                 f"the real-vLLM stage needs {VLLM_VENV} and {TINY_MODEL}: run "
                 "`bash scripts/vllm_env.sh` first (or deselect with -m 'not vllm')"
             )
-        argv = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(TINY_MODEL), "--headless"]
+        argv = [str(VLLM_VENV / "bin" / "vllm"), "serve", str(TINY_MODEL), "--headless",
+                "--data-parallel-address", "127.0.0.1"]
         # Eager mode skips the ~60 s torch.compile warm-up; the engine protocol is the same.
         argv += common + ["--dtype", "bfloat16", "--enforce-eager"]
         env.update(
@@ -150,7 +149,8 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
             TRANSFORMERS_OFFLINE="1",
         )
     elif kind == "sim":
-        argv = [sys.executable, "-m", "kvroute.cli", "sim-engine"] + common
+        argv = [sys.executable, "-m", "kvroute.cli", "sim-engine", "--handshake-address",
+                handshake] + common
         for flag, value in sim_flags.items():
             argv += [f"--{flag.replace('_', '-')}", value]
         env["PYTHONPATH"] = str(ROOT)
@@ -163,7 +163,7 @@ async def handshake(engines: Sequence[EngineProc], timeout: float) -> None:
     """Bind as a frontend, start the engines, wait for READY; records each ready response."""
     async with EngineClient([e.spec for e in engines]) as client:
         for e in engines:
-            e.spawn()
+            e.spawn(client.engines[e.name].handshake_port if e.kind == "vllm" else None)
         try:
             await client.wait_ready(timeout)
         except Exception as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,11 +49,10 @@ async def test_killed_engine_fails_its_streams_others_continue(sims: list[Engine
         await anext(on_a)
         await anext(on_b)
         a.kill()  # SIGKILL: no ENGINE_CORE_DEAD, only silence
-        killed = time.monotonic()
+        # Ended by the silence deadline ("no output"), not by the generous wait (a hang); how
+        # soon after the kill is measured by bench/engine_death.py.
         with pytest.raises(EngineDeadError, match="no output"):
-            await on_a.collect()
-        detected = time.monotonic() - killed
-        assert detected < DEAD_AFTER + 1.0
+            await asyncio.wait_for(on_a.collect(), 60)
         assert client.engines[a.name].status is EngineStatus.DEAD
         with pytest.raises(EngineDeadError):
             await client.submit(a.name, make_request(random_prompt(8), 2))

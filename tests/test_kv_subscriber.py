@@ -24,7 +24,7 @@ from router.kvfeed.kv_subscriber import (
     offset_endpoint,
 )
 from router.link.engine_client import EngineClient
-from tests.engines import NaiveIndex, free_tcp_port, make_engine
+from tests.engines import NaiveIndex, make_engine
 from tests.test_engine_client import make_request
 from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
@@ -110,22 +110,21 @@ def test_endpoint_rule_mirrors_vllm() -> None:
 
 async def test_subscriber_binds_when_engine_connects() -> None:
     """A non-wildcard TCP endpoint: vLLM's PUB connects, so the subscriber must bind."""
-    endpoint = f"tcp://127.0.0.1:{free_tcp_port()}"
     index = NaiveIndex()
     ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
+    # An XPUB is a PUB that also hands over the subscriptions it receives: once the subscriber's
+    # has arrived, a batch sent is delivered (a PUB drops what it sends before that).
+    pub = ctx.socket(zmq.XPUB)
     try:
         async with KVSubscriber(index) as sub:
-            assert sub.add_engine(KVEndpoints("e", endpoint, topic="kv")) == endpoint
-            pub.connect(endpoint)
-            payload = batch(stored([1], None, [1, 2, 3, 4]))
-            # PUB drops messages until the connection is up: publish until one lands.
-            for _ in range(100):
-                await pub.send_multipart((b"kv", (0).to_bytes(8, "big"), payload))
-                with contextlib.suppress(TimeoutError):
-                    await sub.wait_applied("e", 0.1)
-                    break
-            assert index.match("e", [1, 2, 3, 4], BS) == 4
+            address = sub.add_engine(KVEndpoints("e", "tcp://127.0.0.1:0", topic="kv"))
+            assert address.startswith("tcp://127.0.0.1:") and not address.endswith(":0")
+            pub.connect(address)
+            assert await asyncio.wait_for(pub.recv(), 30) == b"\x01kv"
+            await pub.send_multipart((b"kv", (0).to_bytes(8, "big"),
+                                      batch(stored([1], None, [1, 2, 3, 4]))))
+            while index.match("e", [1, 2, 3, 4], BS) < 4:  # checked, then waited: no lost wake-up
+                await sub.wait_applied("e", 30)
     finally:
         pub.close(linger=0)
         ctx.term()

@@ -23,9 +23,9 @@ import copy
 import json
 import os
 import re
-import socket
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from functools import cache
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import tokenizers
 
@@ -93,18 +94,29 @@ def family_dir(family: str) -> Path:
     return ROOT / "render/models/qwen3" if family == "qwen3" else FIXTURES / family
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def listening_port(pid: int, timeout: float = 60.0) -> int:
+    """The TCP port a process (or a child of it) listens on: a server started on port 0 binds
+    its own, race-free, and need not print it. Its ready line may come just before its listen()
+    and nothing announces that, so the listening sockets are polled, backing off to 100 ms."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        ports = {c.laddr.port for p in procs for c in p.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+        if len(ports) == 1:
+            return ports.pop()
+        if len(ports) > 1 or time.monotonic() > deadline:
+            raise RuntimeError(f"process {pid} listens on {sorted(ports) or 'no port'}, not one")
+        time.sleep(delay)
+        delay = min(2 * delay, 0.1)
 
 
 class Foreign:
-    """An anchor server process; ready when its log prints ``ready`` (a regex)."""
+    """An anchor server process on port 0; ready when its log prints ``ready`` (a regex)."""
 
-    def __init__(self, cmd: list[str], ready: str, env: dict[str, str], url: str) -> None:
-        self.cmd, self.url, self._ready = cmd, url, re.compile(ready)
+    def __init__(self, cmd: list[str], ready: str, env: dict[str, str]) -> None:
+        self.cmd, self.url, self._ready = cmd, "", re.compile(ready)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, **env))
         self.log: list[str] = []
@@ -131,6 +143,8 @@ class Foreign:
     def wait(self, timeout: float) -> str:
         if not self._event.wait(timeout) or not self._is_ready:
             raise RuntimeError(f"{self.cmd[0]} did not start:\n" + "".join(self.log)[-6000:])
+        if not self.url:
+            self.url = f"http://127.0.0.1:{listening_port(self.proc.pid)}"
         return self.url
 
     def stop(self) -> None:
@@ -146,21 +160,18 @@ class Foreign:
 
 
 def vllm_python(family: str) -> Foreign:
-    port = free_port()
     cmd = [str(VLLM), "launch", "render", str(family_dir(family)), "--served-model-name", family,
-           "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
+           "--host", "127.0.0.1", "--port", "0", "--disable-uvicorn-access-log"]
     if TOOL_PARSER[family]:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", str(TOOL_PARSER[family])]
     env = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return Foreign(cmd, r"Application startup complete", env, f"http://127.0.0.1:{port}")
+    return Foreign(cmd, r"Application startup complete", env)
 
 
 def vllm_rs(family: str) -> Foreign:
-    port = free_port()
     cmd = [str(VLLM_RS), "render", str(family_dir(family)), "--served-model-name", family,
-           "--host", "127.0.0.1", "--port", str(port)]
-    return Foreign(cmd, r"starting engine-free Rust render server", {},
-                   f"http://127.0.0.1:{port}")
+           "--host", "127.0.0.1", "--port", "0"]
+    return Foreign(cmd, r"starting engine-free Rust render server", {})
 
 
 @pytest.fixture(scope="module")

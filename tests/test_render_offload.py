@@ -10,7 +10,6 @@ import pickle
 import random
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -38,7 +37,12 @@ from render.service.state import Models, RenderCost, render_in
 from serving.errors import BodyTooLarge
 from serving.http_errors import error_response
 from serving.metrics import RenderMetrics
-from tests.render_proc import render_process, render_server
+from tests.render_proc import (
+    HELPERS_READY,
+    RenderService,
+    render_server,
+    render_service,
+)
 
 
 def test_cost_rises_at_once_and_falls_slowly() -> None:
@@ -166,28 +170,25 @@ def _metrics(client: httpx.Client) -> dict[str, float]:
     return out
 
 
-def _wait_ready(client: httpx.Client, timeout: float = 120.0) -> dict[str, float]:
-    """Polls /metrics until the helper has loaded its models (no sleeps: each poll is a request)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = _metrics(client)
-        if m.get("kvroute_render_helpers_ready") == 1:
-            return m
-    raise TimeoutError(f"render helper not ready after {timeout} s: {m}")
-
-
 def _helper_pids(server_pid: int) -> list[int]:
     """The spawned helper processes of a serving process (not the resource tracker)."""
     return [c.pid for c in psutil.Process(server_pid).children()
             if "spawn_main" in " ".join(c.cmdline())]
 
 
+def _ready(client: httpx.Client) -> dict[str, float]:
+    """The metrics of a worker whose helper has announced it is ready (and not died since)."""
+    m = _metrics(client)
+    assert m["kvroute_render_helpers_ready"] == 1, m
+    return m
+
+
 @pytest.fixture(scope="module")
-def helper_server() -> Iterator[tuple[httpx.Client, int]]:
-    with render_process("--allow-request-chat-template") as (url, proc), \
-            httpx.Client(base_url=url, timeout=60) as client:
-        _wait_ready(client)
-        yield client, proc.pid
+def helper_server() -> Iterator[tuple[httpx.Client, RenderService]]:
+    with render_service("--allow-request-chat-template") as service, \
+            httpx.Client(base_url=service.url, timeout=60) as client:
+        service.wait_helpers_ready()
+        yield client, service
 
 
 @pytest.fixture(scope="module")
@@ -231,12 +232,12 @@ BAD_BIG_BODIES: list[tuple[str, object]] = [
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["fast-route", "starlette"])
 def test_big_bodies_render_in_the_helper_byte_identical(
-        helper_server: tuple[httpx.Client, int], thread_server: httpx.Client,
+        helper_server: tuple[httpx.Client, RenderService], thread_server: httpx.Client,
         chunked: bool) -> None:
     """Sized bodies take the raw ASGI route, chunked ones the Starlette handlers: in both the
     helper answers every big body, with the in-process JSON byte for byte."""
     helper, _ = helper_server
-    before = _wait_ready(helper)
+    before = _ready(helper)
     for path, body in BIG_BODIES:
         raw = json.dumps(body).encode()
         assert len(raw) > 65536, path
@@ -252,9 +253,9 @@ def test_big_bodies_render_in_the_helper_byte_identical(
 
 
 def test_big_body_errors_from_the_helper_match_in_process_byte_for_byte(
-        helper_server: tuple[httpx.Client, int], thread_server: httpx.Client) -> None:
+        helper_server: tuple[httpx.Client, RenderService], thread_server: httpx.Client) -> None:
     helper, _ = helper_server
-    before = _wait_ready(helper)
+    before = _ready(helper)
     for path, body in BAD_BIG_BODIES:
         mine, theirs = _post(helper, path, body), _post(thread_server, path, body)
         assert 400 <= mine.status_code < 500, (path, mine.text[:300])
@@ -268,22 +269,24 @@ def test_big_body_errors_from_the_helper_match_in_process_byte_for_byte(
 
 
 def test_a_killed_helper_costs_no_request_and_is_respawned(
-        helper_server: tuple[httpx.Client, int], thread_server: httpx.Client) -> None:
-    helper, server_pid = helper_server
-    before = _wait_ready(helper)
-    [pid] = _helper_pids(server_pid)
+        helper_server: tuple[httpx.Client, RenderService], thread_server: httpx.Client) -> None:
+    helper, service = helper_server
+    before = _ready(helper)
+    pools = len(service.wait_output(HELPERS_READY))  # helper pools announced so far
+    [pid] = _helper_pids(service.proc.pid)
     path, body = BIG_BODIES[0]
     os.kill(pid, signal.SIGKILL)
     # Answered in process: the pool is broken (or already known dead and being respawned).
     r = _post(helper, path, body)
     assert r.status_code == 200, r.text[:300]
     assert r.content == _post(thread_server, path, body).content
-    after = _wait_ready(helper)
+    assert pid not in service.wait_helpers_ready(pools + 1)  # the respawned pool is ready
+    after = _ready(helper)
     assert after["kvroute_render_helper_restarts_total"] == before[
         "kvroute_render_helper_restarts_total"] + 1
     assert after["kvroute_render_helper_renders_total"] == before[
         "kvroute_render_helper_renders_total"]  # that request did not render in a helper
-    [respawned] = _helper_pids(server_pid)
+    [respawned] = _helper_pids(service.proc.pid)
     assert respawned != pid
     assert _post(helper, path, body).content == r.content
     assert _metrics(helper)["kvroute_render_helper_renders_total"] == before[
@@ -326,10 +329,12 @@ async def test_a_helper_dying_mid_render_hands_the_request_back(models: Models) 
 def test_two_workers_render_in_helpers_and_stop_with_no_orphan(sig: str) -> None:
     """`--workers 2`: each worker (not daemonic) has its helper; SIGTERM to the supervisor, or a
     terminal's Ctrl-C (SIGINT to the whole process group), stops every process."""
-    with render_process("--workers", "2", workers=2, new_session=True) as (url, proc), \
-            httpx.Client(base_url=url, timeout=60) as client:
+    with render_service("--workers", "2", workers=2, new_session=True) as service, \
+            httpx.Client(base_url=service.url, timeout=60) as client:
+        proc = service.proc
+        service.wait_helpers_ready(2)  # each worker's helper
         # One keep-alive connection: one worker answers all of these.
-        before = _wait_ready(client)
+        before = _ready(client)
         path, body = BIG_BODIES[0]
         assert _post(client, path, body).status_code == 200
         assert _metrics(client)["kvroute_render_helper_renders_total"] == before[
@@ -349,8 +354,9 @@ def test_two_workers_render_in_helpers_and_stop_with_no_orphan(sig: str) -> None
 
 def test_a_killed_worker_leaves_no_helper_behind() -> None:
     """SIGKILL gives the worker no shutdown: its helper notices on its own and exits."""
-    with render_process() as (url, proc), httpx.Client(base_url=url, timeout=60) as client:
-        _wait_ready(client)
+    with render_service() as service:
+        proc = service.proc
+        service.wait_helpers_ready()
         helpers = [psutil.Process(pid) for pid in _helper_pids(proc.pid)]
         assert len(helpers) == 1
         proc.kill()

@@ -72,7 +72,16 @@ def test_shared_prefix_hits_the_real_engine_cache(cluster: LocalCluster, client:
         cached.append(chat.usage.prompt_tokens_details.cached_tokens)
     # Engine-reported (prefill_stats.num_cached_tokens), in whole KV blocks.
     assert cached[-1] > 0, cached
-    # The router's index heard the engine's own KV events about those blocks.
+    # The router's index heard the engine's own KV events about those blocks. The engine
+    # publishes them from its own thread after the step, so they may land after the answers:
+    # wait for the first on the router's loop (checked, then waited: no lost wake-up).
+    kv, name = cluster.state.kv, cluster.names[0]
+
+    async def first_batch() -> None:
+        while kv.counters(name).batches == 0:
+            await kv.wait_applied(name, 120)
+
+    cluster.call(first_batch, timeout=150)
     with httpx.Client(base_url=cluster.base_url) as http:
         metrics = http.get("/metrics").text
     batches = [ln for ln in metrics.splitlines() if ln.startswith("kvroute_kv_event_batches")]

@@ -14,8 +14,11 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from sim.config import KVEventsConfig, default_model_dir
+from sim.config import KVEventsConfig, SimConfig, default_model_dir
+from sim.kv_publisher import offset_endpoint_port
 from sim.launch import SimEngineThread, sim_engines, spawn_sim_engine, start_sim_engine
+from sim.request import SimRequest
+from sim.scheduler import Scheduler
 from sim.tokens import TokenTable
 from wire import engine as wire
 from wire.ndarrays import decode_logprobs
@@ -404,7 +407,10 @@ def test_pub_frames_match_replay_and_sequence_is_gapless(
     for k in range(3):
         fe.add(f"q{k}", [7 + k] * 12, max_tokens=2)
         fe.run(f"q{k}")
-    while sub.poll(200):
+    # The replay buffer holds every batch published so far: receive live up to its last.
+    last = sim.replay()[-1][0]
+    while live[-1][0] < last:
+        assert sub.poll(TIMEOUT_MS), f"batch {live[-1][0] + 1} of {last} never arrived live"
         topic, seq, payload = sub.recv_multipart()
         live.append((int.from_bytes(seq, "big"), payload))
     seqs = [s for s, _ in live]
@@ -548,19 +554,45 @@ def test_preemption_when_blocks_run_out(sim: Harness) -> None:
     assert wire.EngineCoreEventType.PREEMPTED in kinds
 
 
+def _planned_steps(sched: Scheduler, prompts: dict[str, list[int]], max_tokens: int,
+                   **params: Any) -> list[float]:
+    """Adds the requests to the scheduler and runs them to the end: each step's planned
+    (simulated) duration. The engine loop sleeps exactly that per step (bench/sim_timing.py
+    measures it end to end)."""
+    for rid, prompt in prompts.items():
+        sp = SamplingParams(max_tokens=max_tokens, **params)
+        req = wire.EngineCoreRequest(rid, prompt, None, sp, None, 0.0, None, None, None)
+        sched.add(SimRequest(req, 0, sched.config.max_model_len), 0.0)
+    steps = []
+    while sched.has_work():
+        plan = sched.schedule(0.0)
+        steps.append(plan.duration)
+        sched.finish(plan)
+    return steps
+
+
+def _scheduler(**overrides: Any) -> Scheduler:
+    return Scheduler(SimConfig(handshake_address="inproc://unused", tokens=TOKENS, **overrides))
+
+
 def test_prefill_time_scales_with_uncached_tokens(sim: Harness) -> None:
-    fe = sim.start(step_time=0.0, prefill_time_per_token=0.002, block_size=16, num_gpu_blocks=64)
-    prompt = list(range(1, 129))  # 128 tokens: 0.256 s cold
-    t0 = time.monotonic()
+    timing = {"step_time": 0.0, "prefill_time_per_token": 0.002, "block_size": 16,
+              "num_gpu_blocks": 64}
+    prompt = list(range(1, 129))  # 128 tokens
+    sched = _scheduler(**timing)
+    assert _planned_steps(sched, {"cold": prompt}, 1) == [pytest.approx(128 * 0.002)]
+    # 112 tokens cached (7 blocks: one token must be computed), 16 computed.
+    assert _planned_steps(sched, {"warm": prompt}, 1) == [pytest.approx(16 * 0.002)]
+    fe = sim.start(**timing)  # the engine: the same cache hit
     fe.add("cold", prompt, max_tokens=1)
-    fe.run("cold")
-    cold = time.monotonic() - t0
-    t0 = time.monotonic()
-    fe.add("warm", prompt, max_tokens=1)  # 112 tokens cached, 16 computed: 0.032 s
-    fe.run("warm")
-    warm = time.monotonic() - t0
-    assert cold >= 0.256
-    assert warm < cold / 2
+    (cold,) = fe.run("cold")[0]["cold"]
+    fe.add("warm", prompt, max_tokens=1)
+    (warm,) = fe.run("warm")[0]["warm"]
+    assert cold.prefill_stats is not None and warm.prefill_stats is not None
+    assert (cold.prefill_stats["num_cached_tokens"], cold.prefill_stats["num_computed_tokens"]) \
+        == (0, 128)
+    assert (warm.prefill_stats["num_cached_tokens"], warm.prefill_stats["num_computed_tokens"]) \
+        == (112, 16)
 
 
 def test_rejects_requests_it_cannot_serve(sim: Harness) -> None:
@@ -634,20 +666,32 @@ def test_data_parallel_rank_sets_identity_and_offsets_kv_ports(
     ctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path
 ) -> None:
     h = Harness(ctx, tmp_path)
-    probe = ctx.socket(zmq.PUB)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
-    probe.close(linger=0)
-    h.kv = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{port - 2}")
+    # A non-wildcard endpoint: the engine's PUB connects, to the port + rank, where this SUB is
+    # bound (a port the test holds throughout). The wildcard (bind) form takes the same offset
+    # (offset_endpoint_port, below).
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    h.kv = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port - 2}",
+                          replay_endpoint=f"ipc://{tmp_path}/replay")
     try:
         fe = h.start(data_parallel_rank=2)
         assert fe.identity == (2).to_bytes(2, "little")
         assert fe.ready["data_parallel_rank"] == 2
-        assert fe.ready["kv_events_config"]["endpoint"] == f"tcp://*:{port}"
-        fe.add("a", [1, 2, 3], max_tokens=1)
-        (out,) = fe.run("a")[0]["a"]
-        assert out.finish_reason == wire.FinishReason.LENGTH
+        assert fe.ready["kv_events_config"]["endpoint"] == f"tcp://127.0.0.1:{port}"
+        assert fe.ready["kv_events_config"]["replay_endpoint"] == f"ipc://{tmp_path}/replay_dp2"
+        i = 0
+        while not sub.poll(50):  # the subscription reaches the PUB asynchronously: prime
+            fe.add(f"a{i}", [i + 1] * 5, max_tokens=1)
+            (out,) = fe.run(f"a{i}")[0][f"a{i}"]
+            assert out.finish_reason == wire.FinishReason.LENGTH
+            i += 1
+        assert BATCH.decode(sub.recv_multipart()[2]).data_parallel_rank == 2
     finally:
         h.stop()
+        sub.close(linger=0)
+    assert offset_endpoint_port("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint_port("tcp://*:0", 2) == "tcp://*:0"
 
 
 def test_cli_subprocess_handshakes_serves_and_stops_cleanly(
@@ -836,17 +880,18 @@ def test_sim_engines_helper_runs_a_fleet(
 
 
 def test_decode_time_grows_with_the_batch(sim: Harness) -> None:
-    fe = sim.start(step_time=0.0, decode_time_per_seq=0.004, max_num_seqs=8)
-    t0 = time.monotonic()
-    fe.add("solo", [1, 2, 3], max_tokens=5)
-    fe.run("solo")
-    solo = time.monotonic() - t0
-    t0 = time.monotonic()
+    timing = {"step_time": 0.0, "prefill_time_per_token": 0.0, "decode_time_per_seq": 0.004,
+              "max_num_seqs": 8}
+    solo = _planned_steps(_scheduler(**timing), {"solo": [1, 2, 3]}, 5, ignore_eos=True)
+    batch = _planned_steps(_scheduler(**timing), {f"b{k}": [k + 1] * 3 for k in range(8)}, 5,
+                           ignore_eos=True)
+    assert solo == [pytest.approx(0.004)] * 5  # a step per token, one request in each
+    assert batch == [pytest.approx(8 * 0.004)] * 5  # the eight share every step
+    fe = sim.start(**timing)  # the engine runs such plans: each request gets its five tokens
     for k in range(8):
-        fe.add(f"b{k}", [k + 1] * 3, max_tokens=5)
-    fe.run(*(f"b{k}" for k in range(8)))
-    batch = time.monotonic() - t0
-    assert solo >= 5 * 0.004 and batch >= 5 * 8 * 0.004 * 0.9  # the first step may hold fewer
+        fe.add(f"b{k}", [k + 1] * 3, max_tokens=5, ignore_eos=True)
+    got, _ = fe.run(*(f"b{k}" for k in range(8)))
+    assert all(len(fe.tokens(got[f"b{k}"])) == 5 for k in range(8))
 
 
 def _eviction_run(ctx: zmq.Context[zmq.Socket[bytes]], kind: str, workdir: Path) -> dict[str, Any]:
@@ -858,15 +903,15 @@ def _eviction_run(ctx: zmq.Context[zmq.Socket[bytes]], kind: str, workdir: Path)
     eng.argv += ["--num-gpu-blocks-override", "9"]
     fe = Frontend.__new__(Frontend)
     fe.ctx, fe.in_addr, fe.out_addr = ctx, eng.spec.input_address, eng.spec.output_address
-    fe.hs_addr = eng.spec.handshake_address
     fe.enc = msgspec.msgpack.Encoder(enc_hook=wire.enc_hook)
     fe.dec = msgspec.msgpack.Decoder(wire.EngineCoreOutputs, ext_hook=wire.ext_hook)
     fe.aux, fe.identity, fe.ready = {}, b"", {}
     fe.hs = ctx.socket(zmq.ROUTER)
-    fe.hs.bind(fe.hs_addr)
+    fe.hs.bind(eng.spec.handshake_address)  # vLLM's: TCP port 0, the engine gets the bound one
+    fe.hs_addr = fe.hs.getsockopt_string(zmq.LAST_ENDPOINT)
     fe.bind_io()
     try:
-        eng.spawn()
+        eng.spawn(int(fe.hs_addr.rsplit(":", 1)[1]) if kind == "vllm" else None)
         fe.handshake(int(VLLM_START_TIMEOUT * 1000))
         prompts = {
             "A": list(range(1000, 1400)),

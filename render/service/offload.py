@@ -167,6 +167,7 @@ class RenderHelper:
         self._ready = metrics.helpers_ready.labels(metrics.worker)
         self._renders = metrics.helper_renders.labels(metrics.worker)
         self._restarts = metrics.helper_restarts.labels(metrics.worker)
+        self._in_flight = metrics.helper_in_flight.labels(metrics.worker)
         self._task: asyncio.Task[None] | None = None
         self._spawning: asyncio.Future[tuple[ProcessPoolExecutor, list[Future[int]]]] | None = None
         self._pidfds: list[int] = []
@@ -187,6 +188,7 @@ class RenderHelper:
         pool = self.pool
         if len(body) <= self.cfg.inline_max_bytes or not self.pids or pool is None:
             return None
+        self._in_flight.inc()
         try:
             out = await asyncio.wrap_future(pool.submit(_render_job, path, body))
         except BrokenProcessPool:
@@ -201,6 +203,8 @@ class RenderHelper:
         except Exception:
             self._renders.inc()  # an error answer is a helper render too
             raise
+        finally:
+            self._in_flight.dec()
         self._renders.inc()
         return out
 
@@ -275,6 +279,9 @@ class RenderHelper:
         self._ready.set(len(pids))
         self._up.set()
         log.info("render helpers ready: pids %s", ", ".join(map(str, pids)))
+        # A line on stdout, as the worker's "ready on": what tests and tools wait on.
+        print(f"kvroute render: render helpers ready (worker {os.getpid()}: pids "
+              f"{', '.join(map(str, pids))})", flush=True)
         if dead:
             self._lost(pool)
 
