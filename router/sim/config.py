@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,11 @@ from router.sim.tokens import TokenTable
 # vLLM's HANDSHAKE_TIMEOUT_MINS.
 HANDSHAKE_TIMEOUT_S = 5 * 60.0
 SIM_VLLM_VERSION = "0.32.0"
+# A frontend (router) disconnected this long is gone: the engine exits instead of waiting forever.
+# Long enough for a router restart that re-adopts its engines (a model load).
+FRONTEND_GONE_TIMEOUT_S = 120.0
+DEFAULT_NUM_GPU_BLOCKS = 2048
+OUTPUTS = ("echo", "random")
 
 
 class KVEventsConfig(msgspec.Struct, omit_defaults=False, gc=False):
@@ -56,8 +63,17 @@ class SimConfig:
     handshake_timeout: float = HANDSHAKE_TIMEOUT_S
     vllm_version: str = SIM_VLLM_VERSION
     dtype: str = "bfloat16"
+    # "echo": the prompt's last line after a "(simulated)" mark (needs a tokenizer, else random);
+    # "random": words drawn by the request's key (tokens.py).
+    output: str = "echo"
+    # Seconds after the frontend disconnected before the engine exits on its own (0: never).
+    frontend_gone_timeout: float = FRONTEND_GONE_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
+        if self.frontend_gone_timeout < 0:
+            raise ValueError("frontend_gone_timeout must be >= 0")
         for name in ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -80,6 +96,15 @@ class SimConfig:
         return self.data_parallel_rank.to_bytes(2, "little")
 
 
+def model_max_len(model_dir: Path) -> int:
+    """The context length vLLM (and the router's render) derive from the model's config.json."""
+    from render.model_files import derive_max_model_len
+
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return derive_max_model_len(config, {})
+
+
 def default_model_dir() -> Path:
     """The Qwen3 tokenizer embedded in the package (render/models/qwen3)."""
     import render.models
@@ -99,8 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-rank", type=int, default=0)
     p.add_argument("--kv-events-config", default=None, help="JSON, as for vllm serve")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", type=int, default=None,
+                   help=f"KV cache blocks (default: {DEFAULT_NUM_GPU_BLOCKS}, or enough for one "
+                        "request of --max-model-len)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: the model's, by vLLM's rule from config.json, "
+                        "as the router derives it; 4096 with --vocab-size)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
@@ -135,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="chance per step (after min_tokens) of emitting the request's EOS id",
     )
+    p.add_argument("--output", choices=OUTPUTS, default="echo",
+                   help="echo (default): answers repeat the prompt's last line after a "
+                        "'(simulated)' mark; random: words drawn per request (vLLM's seed rules)")
+    p.add_argument("--frontend-gone-timeout", type=float, default=FRONTEND_GONE_TIMEOUT_S,
+                   help="exit when the frontend has been disconnected this many seconds "
+                        "(0: wait for it forever)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--disable-log-stats", action="store_true")
     p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
@@ -143,13 +178,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
+    max_model_len = ns.max_model_len
     if ns.vocab_size is not None:
         eos = tuple(ns.eos_token_id or ())
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
+        max_model_len = max_model_len or 4096
     else:
-        tokens = TokenTable.from_model_dir(ns.model or default_model_dir())
+        model = ns.model or default_model_dir()
+        tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
-            tokens = TokenTable(tokens.ids, tokens.vocab_size, tuple(ns.eos_token_id))
+            tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))
+        max_model_len = max_model_len or model_max_len(model)
+    num_gpu_blocks = ns.num_gpu_blocks
+    if num_gpu_blocks is None:
+        # Block 0 is the null block; one request of max_model_len must fit, as vLLM requires.
+        num_gpu_blocks = max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // ns.block_size) + 1)
     kv = (
         msgspec.json.decode(ns.kv_events_config, type=KVEventsConfig)
         if ns.kv_events_config
@@ -163,8 +206,8 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         tokens=tokens,
         data_parallel_rank=ns.data_parallel_rank,
         block_size=ns.block_size,
-        num_gpu_blocks=ns.num_gpu_blocks,
-        max_model_len=ns.max_model_len,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max_model_len,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         step_time=ns.step_time,
@@ -175,4 +218,6 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         log_stats=not ns.disable_log_stats,
         kv_events=kv,
         handshake_timeout=ns.handshake_timeout,
+        output=ns.output,
+        frontend_gone_timeout=ns.frontend_gone_timeout,
     )
