@@ -351,7 +351,14 @@ def serve(cfg: ServerConfig) -> int:
 
 
 def cli(argv: list[str]) -> int:
+    from render.hub import ModelUnavailable, resolve_spec
+
     cfg = parse_args(argv)
+    try:
+        cfg = replace(cfg, models=tuple(resolve_spec(m) for m in cfg.models))
+    except ModelUnavailable as e:
+        print(f"kvroute render: {e}", file=sys.stderr)
+        return 2
     try:
         return serve(cfg)
     except OSError as e:

@@ -20,7 +20,7 @@ from render.asgi_server import DEFAULT_SERVER, bind_socket
 from router.config import EngineSpec, Limits, RouterConfig
 from router.main import serve
 from router.policy import PolicyConfig
-from router.sim.config import KVEventsConfig, default_model_dir
+from router.sim.config import KVEventsConfig, default_model_dir, model_defaults
 from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
 
@@ -39,6 +39,7 @@ class ClusterOptions:
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = DEFAULT_SERVER
+    port: int = 0  # the router's port on 127.0.0.1 (0: any free one)
 
 
 class LocalCluster:
@@ -89,7 +90,7 @@ class LocalCluster:
 
     def start(self) -> None:
         cfg = self.config()
-        sock = bind_socket(cfg.host, 0)
+        sock = bind_socket(cfg.host, self.options.port)
         self.port = sock.getsockname()[1]
         started = threading.Event()
         self._thread = threading.Thread(target=self._run_router, args=(cfg, sock, started),
@@ -115,8 +116,11 @@ class LocalCluster:
                                                 stderr=subprocess.DEVNULL)
         else:
             tokens = tokens or TokenTable.from_model_dir(default_model_dir())
+            # The CLI's defaults for the model: its context length, as the router derives it.
+            sim = {**model_defaults(default_model_dir(), self.options.sim.get("block_size", 16)),
+                   **self.options.sim}
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
-                                                  **self.options.sim)
+                                                  **sim)
 
     def wait_ready(self, timeout: float, engines: int | None = None) -> None:
         """Until /ready answers and the router sees ``engines`` (default: all) ready."""

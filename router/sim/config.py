@@ -105,6 +105,20 @@ def model_max_len(model_dir: Path) -> int:
     return derive_max_model_len(config, {})
 
 
+def blocks_for(max_model_len: int, block_size: int) -> int:
+    """The default cache size: 2048 blocks, or more when one request of ``max_model_len`` needs
+    them (block 0 is the null block), as vLLM requires a max-length request to fit."""
+    return max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // block_size) + 1)
+
+
+def model_defaults(model_dir: Path, block_size: int = 16) -> dict[str, int]:
+    """``max_model_len`` and ``num_gpu_blocks`` as `kvroute sim-engine --model DIR` defaults
+    them: the context length the router derives too, so the two agree."""
+    max_model_len = model_max_len(model_dir)
+    return {"max_model_len": max_model_len,
+            "num_gpu_blocks": blocks_for(max_model_len, block_size)}
+
+
 def default_model_dir() -> Path:
     """The Qwen3 tokenizer embedded in the package (render/models/qwen3)."""
     import render.models
@@ -189,10 +203,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))
         max_model_len = max_model_len or model_max_len(model)
-    num_gpu_blocks = ns.num_gpu_blocks
-    if num_gpu_blocks is None:
-        # Block 0 is the null block; one request of max_model_len must fit, as vLLM requires.
-        num_gpu_blocks = max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // ns.block_size) + 1)
+    num_gpu_blocks = ns.num_gpu_blocks or blocks_for(max_model_len, ns.block_size)
     kv = (
         msgspec.json.decode(ns.kv_events_config, type=KVEventsConfig)
         if ns.kv_events_config
