@@ -161,10 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        type=Path,
         default=None,
-        help="model dir with tokenizer.json (default: the embedded Qwen3 tokenizer)",
+        help="model dir with tokenizer.json, or a Hugging Face id ORG/NAME (its tokenizer and "
+        "config fetched as the router does; default: the embedded Qwen3 tokenizer)",
     )
+    p.add_argument("--revision", help="Hub branch, tag or commit of an ORG/NAME --model")
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -198,7 +199,9 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
         max_model_len = max_model_len or 4096
     else:
-        model = ns.model or default_model_dir()
+        from render.hub import resolve_model
+
+        model = resolve_model(ns.model, ns.revision) if ns.model else default_model_dir()
         tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))

@@ -23,9 +23,11 @@ def cli(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s sim-engine %(levelname)s %(message)s"
     )
+    from render.hub import ModelUnavailable
+
     try:
         config = config_from_args(ns)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ModelUnavailable) as e:
         print(f"kvroute sim-engine: {e}", file=sys.stderr)
         return 2
     # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop it.
