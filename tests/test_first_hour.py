@@ -88,7 +88,7 @@ def test_render_help_is_grouped() -> None:
     ('port = "8000"\n', "port must be int, got '8000'"),
     ('[limits]\nmax_queue = "lots"\n', "limits: max_queue must be int"),
     ('[policy]\nname = "fastest"\n', "policy: unknown policy 'fastest'"),
-    ('port = [\n', "Expected"),
+    ('port = [\n', "Invalid value"),
 ])
 def test_a_config_file_error_names_the_file_and_the_key(
     tmp_path: Path, text: str, needle: str
