@@ -33,7 +33,9 @@ def test_demo_prints_where_it_serves_answers_an_openai_client_and_stops_on_ctrl_
         answer = client.chat.completions.create(
             model="Qwen/Qwen3-0.6B", max_tokens=12,
             messages=[{"role": "user", "content": "Is anybody there?"}])
-        assert answer.choices[0].message.content.startswith("(simulated) Is anybody there?")
+        # Sampled (the model's default temperature): the mark carries a tag of the sample.
+        assert re.match(r"\(simulated #[0-9a-f]{4}\) Is anybody there\?",
+                        answer.choices[0].message.content)
         demo.popen.send_signal(signal.SIGINT)
         code, text = demo.finish(60)
         assert code == 0, text
@@ -43,7 +45,7 @@ def test_demo_prints_where_it_serves_answers_an_openai_client_and_stops_on_ctrl_
 def test_demo_once_runs_the_tour_and_exits() -> None:
     out = run(["demo", "--once", "--port", "0", "--engines", "2"])
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("answer: '(simulated)") == 3
+    assert out.stdout.count("answer: '(simulated") == 3
     assert "Serving until" not in out.stdout
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections import Counter
@@ -931,14 +932,22 @@ def test_echo_output_repeats_the_prompts_last_line_after_a_mark(sim: Harness) ->
     """The default with a tokenizer: readable, marked as simulated, the prompt's own words."""
     assert QWEN.tokenizer is not None
     fe = sim.start(tokens=QWEN, num_gpu_blocks=256)
-    fe.add("e", _chat_prompt("Where is my cache?"), max_tokens=16, seed=3)
-    fe.add("c", QWEN.tokenizer.encode("The quick brown fox").ids, max_tokens=12)
-    got, _ = fe.run("e", "c")
+    prompt = _chat_prompt("Where is my cache?")
+    fe.add("e", prompt, max_tokens=16, temperature=0.0)
+    fe.add("c", QWEN.tokenizer.encode("The quick brown fox").ids, max_tokens=12, temperature=0.0)
+    for rid, seed in (("s1", 5), ("s2", 5), ("s3", 6), ("u1", None), ("u2", None)):
+        fe.add(rid, prompt, max_tokens=16, seed=seed)
+    got, _ = fe.run("e", "c", "s1", "s2", "s3", "u1", "u2")
     chat = QWEN.tokenizer.decode(fe.tokens(got["e"]))
     assert chat.startswith("(simulated) Where is my cache? (simulated) Where is")
     assert len(fe.tokens(got["e"])) == 16 and got["e"][-1].finish_reason == wire.FinishReason.LENGTH
     assert QWEN.tokenizer.decode(fe.tokens(got["c"])).startswith(
         "(simulated) The quick brown fox (simulated)")
+    # Sampled requests: a tag of the request's key, so vLLM's seed rules still hold.
+    text = {r: QWEN.tokenizer.decode(fe.tokens(got[r])) for r in ("s1", "s2", "s3", "u1", "u2")}
+    tagged = re.compile(r"\(simulated #[0-9a-f]{4}\) Where is my cache\?")
+    assert all(tagged.match(t) for t in text.values()), text
+    assert text["s1"] == text["s2"] and text["s1"] != text["s3"] and text["u1"] != text["u2"]
 
 
 def test_random_output_stays_available(sim: Harness) -> None:

@@ -315,7 +315,8 @@ class SimEngine:
         key = request_key(cfg.seed, req.request_id, req.prompt_token_ids, req.sampling_params)
         sim_req = SimRequest(req, key, cfg.max_model_len)
         if cfg.output == "echo":
-            sim_req.echo, sim_req.echo_loop = cfg.tokens.echo_ids(req.prompt_token_ids)
+            sample = None if req.sampling_params.temperature == 0.0 else key
+            sim_req.echo, sim_req.echo_loop = cfg.tokens.echo_ids(req.prompt_token_ids, sample)
         self.scheduler.add(sim_req, time.monotonic())
 
     def _reject_reason(self, req: EngineCoreRequest) -> str | None:

@@ -8,7 +8,8 @@ identical requests give identical outputs; unseeded sampling differs per request
 
 With a tokenizer the default output is an echo instead (``echo_ids``): the prompt's last line of
 text after a "(simulated)" mark, repeated up to ``max_tokens``, so a demo's answer reads as what it
-is rather than as a broken model. It depends on the prompt only.
+is rather than as a broken model. The same key rule holds: a sampled request's mark carries a tag
+of its key ("(simulated #3fa2)"), a greedy one's none.
 """
 
 from __future__ import annotations
@@ -100,9 +101,12 @@ class TokenTable:
         tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         return cls(tuple(sorted(words)), size, eos, tokenizer, frozenset(special) | set(eos))
 
-    def echo_ids(self, prompt: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    def echo_ids(self, prompt: Sequence[int], sample: int | None = None
+                 ) -> tuple[tuple[int, ...], int]:
         """The echo answer to ``prompt``: its ids and where the repeating part starts (the ids
-        from there on repeat forever); ``((), 0)`` without a tokenizer."""
+        from there on repeat forever); ``((), 0)`` without a tokenizer. A sampled (not greedy)
+        request passes its key as ``sample``: the mark carries a tag of it, so samples differ
+        as vLLM's do (per seed, or per request when unseeded)."""
         tok = self.tokenizer
         if tok is None:
             return (), 0
@@ -111,7 +115,8 @@ class TokenTable:
         while lines and lines[-1].lower() in _HEADER_LINES:
             lines.pop()
         said = " ".join(lines[-1].split()[-_ECHO_WORDS:]) if lines else ""
-        reply = f"{ECHO_MARK} {said}".rstrip()
+        mark = ECHO_MARK if sample is None else f"{ECHO_MARK[:-1]} #{sample & 0xFFFF:04x})"
+        reply = f"{mark} {said}".rstrip()
         first = self._encode(reply)
         again = self._encode(f" {reply}")
         return (*first, *again), len(first)
