@@ -132,63 +132,54 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulated vLLM engine: the headless EngineCore protocol, a real prefix "
         "cache with KV events, and a configurable step time.",
     )
-    p.add_argument("--data-parallel-address", default="127.0.0.1")
-    p.add_argument("--data-parallel-rpc-port", type=int, default=13345)
-    p.add_argument("--handshake-address", help="full zmq URL; overrides address and port")
-    p.add_argument("--data-parallel-rank", type=int, default=0)
-    p.add_argument("--kv-events-config", default=None, help="JSON, as for vllm serve")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", type=int, default=None,
-                   help=f"KV cache blocks (default: {DEFAULT_NUM_GPU_BLOCKS}, or enough for one "
-                        "request of --max-model-len)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="context length (default: the model's, by vLLM's rule from config.json, "
-                        "as the router derives it; 4096 with --vocab-size)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
-    p.add_argument(
-        "--prefill-time-per-token",
-        type=float,
-        default=2e-5,
-        help="extra seconds per uncached prompt token scheduled in a step",
-    )
-    p.add_argument(
-        "--decode-time-per-seq",
-        type=float,
-        default=0.0,
-        help="extra seconds per request in the step (batch-size-dependent decode cost)",
-    )
-    p.add_argument(
+    fe = p.add_argument_group("frontend (the router's handshake, as vllm serve --headless)")
+    fe.add_argument("--data-parallel-address", default="127.0.0.1")
+    fe.add_argument("--data-parallel-rpc-port", type=int, default=13345)
+    fe.add_argument("--handshake-address", help="full zmq URL; overrides address and port")
+    fe.add_argument("--data-parallel-rank", type=int, default=0)
+    fe.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
+    fe.add_argument("--frontend-gone-timeout", type=float, default=FRONTEND_GONE_TIMEOUT_S,
+                    help="exit when the frontend has been disconnected this many seconds "
+                         "(0: wait for it forever)")
+    fe.add_argument("--headless", action="store_true", help="accepted for vllm serve parity")
+    model = p.add_argument_group("model and output")
+    model.add_argument(
         "--model",
         default=None,
         help="model dir with tokenizer.json, or a Hugging Face id ORG/NAME (its tokenizer and "
         "config fetched as the router does; default: the embedded Qwen3 tokenizer)",
     )
-    p.add_argument("--revision", help="Hub branch, tag or commit of an ORG/NAME --model")
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=None,
-        help="emit ids below this instead of reading a tokenizer",
-    )
-    p.add_argument("--eos-token-id", type=int, action="append", default=None)
-    p.add_argument(
-        "--eos-prob",
-        type=float,
-        default=0.0,
-        help="chance per step (after min_tokens) of emitting the request's EOS id",
-    )
-    p.add_argument("--output", choices=OUTPUTS, default="echo",
-                   help="echo (default): answers repeat the prompt's last line after a "
-                        "'(simulated)' mark; random: words drawn per request (vLLM's seed rules)")
-    p.add_argument("--frontend-gone-timeout", type=float, default=FRONTEND_GONE_TIMEOUT_S,
-                   help="exit when the frontend has been disconnected this many seconds "
-                        "(0: wait for it forever)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
-    p.add_argument("--headless", action="store_true", help="accepted for vllm serve parity")
+    model.add_argument("--revision", help="Hub branch, tag or commit of an ORG/NAME --model")
+    model.add_argument("--vocab-size", type=int, default=None,
+                       help="emit ids below this instead of reading a tokenizer")
+    model.add_argument("--output", choices=OUTPUTS, default="echo",
+                       help="echo (default): answers repeat the prompt's last line after a "
+                            "'(simulated)' mark; random: words drawn per request (vLLM's seed "
+                            "rules)")
+    model.add_argument("--eos-token-id", type=int, action="append", default=None)
+    model.add_argument("--eos-prob", type=float, default=0.0,
+                       help="chance per step (after min_tokens) of emitting the request's EOS id")
+    model.add_argument("--seed", type=int, default=0)
+    limits = p.add_argument_group("cache and scheduler limits")
+    limits.add_argument("--block-size", type=int, default=16)
+    limits.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", type=int, default=None,
+                        help=f"KV cache blocks (default: {DEFAULT_NUM_GPU_BLOCKS}, or enough "
+                             "for one request of --max-model-len)")
+    limits.add_argument("--max-model-len", type=int, default=None,
+                        help="context length (default: the model's, by vLLM's rule from "
+                             "config.json, as the router derives it; 4096 with --vocab-size)")
+    limits.add_argument("--max-num-seqs", type=int, default=256)
+    limits.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
+    timing.add_argument("--prefill-time-per-token", type=float, default=2e-5,
+                        help="extra seconds per uncached prompt token scheduled in a step")
+    timing.add_argument("--decode-time-per-seq", type=float, default=0.0,
+                        help="extra seconds per request in the step (batch-size-dependent "
+                             "decode cost)")
+    obs = p.add_argument_group("observability")
+    obs.add_argument("--kv-events-config", default=None, help="JSON, as for vllm serve")
+    obs.add_argument("--disable-log-stats", action="store_true")
     return p
 
 
