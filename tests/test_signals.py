@@ -45,7 +45,7 @@ def router_with_sim(tmp_path: Path, *sim_extra: str) -> Iterator[tuple[Proc, Pro
     with started(["router", "--port", "0", "--plain-logs", "--engine", f"a={handshake}"]) as router:
         url = router.wait_for(r"kvroute router: serving \S+ on (http://\S+) ").group(1)
         with started(_sim_args(handshake, *sim_extra)) as sim:
-            sim.wait_for(r"kvroute sim-engine: ready")
+            sim.wait_for(r"sim-engine INFO ready: rank 0")
             router.wait_for(r"engine ready engine=a")
             router.drain()
             sim.drain()

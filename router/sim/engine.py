@@ -6,7 +6,8 @@ simulated duration while inputs keep arriving, then completes: outputs go to eac
 socket as ``[msgpack(EngineCoreOutputs), *aux ndarray frames]`` and the step's KV events are
 published. A fatal error sends ``ENGINE_CORE_DEAD`` on every output socket, as vLLM does; a plain
 stop (``stop()``, SIGTERM) sends nothing. zmq reconnects to a frontend that comes back at the
-same addresses, so no new handshake is needed.
+same addresses, so no new handshake is needed; one that stays away ``frontend_gone_timeout``
+seconds ends the loop (the engine exits rather than wait forever for a router that is gone).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class SimEngine:
                 hs.close(linger=0)
             self.ready.set()
             log.info(
-                "kvroute sim-engine: ready: rank %d serving the frontend at %s (max_model_len "
+                "ready: rank %d serving the frontend at %s (max_model_len "
                 "%d, %d blocks of %d, output %s%s)",
                 self.config.data_parallel_rank, self.config.handshake_address,
                 self.config.max_model_len, self.config.num_gpu_blocks, self.config.block_size,
@@ -156,6 +157,8 @@ class SimEngine:
 
     def _close(self, io: EngineSockets | None) -> None:
         if self._monitor is not None:
+            assert io is not None
+            io.inputs[0].disable_monitor()
             self._monitor.close(linger=0)
         if io is not None:
             for s in io.inputs:
