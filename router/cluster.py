@@ -20,7 +20,7 @@ from render.asgi_server import DEFAULT_SERVER, bind_socket
 from router.config import EngineSpec, Limits, RouterConfig
 from router.main import serve
 from router.policy import PolicyConfig
-from router.sim.config import KVEventsConfig, default_model_dir, model_defaults
+from router.sim.config import DEFAULT_MAX_MODEL_LEN, KVEventsConfig, default_model_dir
 from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
 
@@ -66,11 +66,19 @@ class LocalCluster:
         specs = self.options.external or tuple(
             EngineSpec(n, self._address(n, "hs")) for n in self.names)
         model = self.options.model or RouterConfig().model
+        # Router and sims agree on the context length, so no prompt the router admits fails on
+        # an engine (external engines: the model's, as vLLM derives it).
+        max_len = None if self.options.external else self.sim_options()["max_model_len"]
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
+                            max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server)
+
+    def sim_options(self) -> dict[str, Any]:
+        """The sims' SimConfig overrides, with the context length the router is given too."""
+        return {"max_model_len": DEFAULT_MAX_MODEL_LEN, **self.options.sim}
 
     def kv_config(self, name: str) -> KVEventsConfig:
         return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
@@ -110,17 +118,14 @@ class LocalCluster:
         hs = self._address(name, "hs")
         if self.options.processes:
             args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
-            for key, value in self.options.sim.items():
+            for key, value in self.sim_options().items():
                 args += [f"--{key.replace('_', '-')}", str(value)]
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:
             tokens = tokens or TokenTable.from_model_dir(default_model_dir())
-            # The CLI's defaults for the model: its context length, as the router derives it.
-            sim = {**model_defaults(default_model_dir(), self.options.sim.get("block_size", 16)),
-                   **self.options.sim}
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
-                                                  **sim)
+                                                  **self.sim_options())
 
     def wait_ready(self, timeout: float, engines: int | None = None) -> None:
         """Until /ready answers and the router sees ``engines`` (default: all) ready."""

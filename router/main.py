@@ -49,8 +49,9 @@ def banner(cfg: RouterConfig, url: str, live: Any) -> str:
     """What a started router serves and where: address, model, engines, policy."""
     models = ", ".join(live.models.registry.names())
     render = f"render at {cfg.render_url}" if cfg.render_url else "render in process"
-    lines = [f"kvroute router: serving {models} on {url} (policy {cfg.policy.name}, {render}, "
-             f"{cfg.http_server})"]
+    context = min(r.max_model_len for r in live.models.registry)
+    lines = [f"kvroute router: serving {models} on {url} (policy {cfg.policy.name}, "
+             f"max_model_len {context}, {render}, {cfg.http_server})"]
     for name, eng in live.client.engines.items():
         lines.append(f"  engine {name}: handshake {eng.handshake_endpoint} ({_transport(eng)}; "
                      "the engine dials it)")

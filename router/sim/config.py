@@ -19,6 +19,8 @@ SIM_VLLM_VERSION = "0.32.0"
 # Long enough for a router restart that re-adopts its engines (a model load).
 FRONTEND_GONE_TIMEOUT_S = 120.0
 DEFAULT_NUM_GPU_BLOCKS = 2048
+# The library's (and `--vocab-size` mode's) context length; with a model the CLI takes its own.
+DEFAULT_MAX_MODEL_LEN = 4096
 OUTPUTS = ("echo", "random")
 
 
@@ -49,8 +51,8 @@ class SimConfig:
     tokens: TokenTable
     data_parallel_rank: int = 0
     block_size: int = 16
-    num_gpu_blocks: int = 2048
-    max_model_len: int = 4096
+    num_gpu_blocks: int = DEFAULT_NUM_GPU_BLOCKS
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     step_time: float = 0.01
@@ -109,14 +111,6 @@ def blocks_for(max_model_len: int, block_size: int) -> int:
     """The default cache size: 2048 blocks, or more when one request of ``max_model_len`` needs
     them (block 0 is the null block), as vLLM requires a max-length request to fit."""
     return max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // block_size) + 1)
-
-
-def model_defaults(model_dir: Path, block_size: int = 16) -> dict[str, int]:
-    """``max_model_len`` and ``num_gpu_blocks`` as `kvroute sim-engine --model DIR` defaults
-    them: the context length the router derives too, so the two agree."""
-    max_model_len = model_max_len(model_dir)
-    return {"max_model_len": max_model_len,
-            "num_gpu_blocks": blocks_for(max_model_len, block_size)}
 
 
 def default_model_dir() -> Path:
@@ -188,7 +182,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
     if ns.vocab_size is not None:
         eos = tuple(ns.eos_token_id or ())
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
-        max_model_len = max_model_len or 4096
+        max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
     else:
         from render.hub import resolve_model
 
