@@ -21,7 +21,7 @@ from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
 from serving.server import ROUTER_SERVER, bind_socket
-from sim.config import KVEventsConfig, default_model_dir
+from sim.config import DEFAULT_MAX_MODEL_LEN, KVEventsConfig, default_model_dir
 from sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from sim.tokens import TokenTable
 
@@ -40,6 +40,7 @@ class ClusterOptions:
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
+    port: int = 0  # the router's port on 127.0.0.1 (0: any free one)
 
 
 class LocalCluster:
@@ -66,11 +67,19 @@ class LocalCluster:
         specs = self.options.external or tuple(
             EngineSpec(n, self._address(n, "hs")) for n in self.names)
         model = self.options.model or RouterConfig().model
+        # Router and sims agree on the context length, so no prompt the router admits fails on
+        # an engine (external engines: the model's, as vLLM derives it).
+        max_len = None if self.options.external else self.sim_options()["max_model_len"]
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
+                            max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server)
+
+    def sim_options(self) -> dict[str, Any]:
+        """The sims' SimConfig overrides, with the context length the router is given too."""
+        return {"max_model_len": DEFAULT_MAX_MODEL_LEN, **self.options.sim}
 
     def kv_config(self, name: str) -> KVEventsConfig:
         return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
@@ -90,7 +99,7 @@ class LocalCluster:
 
     def start(self) -> None:
         cfg = self.config()
-        sock = bind_socket(cfg.host, 0)
+        sock = bind_socket(cfg.host, self.options.port)
         self.port = sock.getsockname()[1]
         started = threading.Event()
         self._thread = threading.Thread(target=self._run_router, args=(cfg, sock, started),
@@ -110,14 +119,14 @@ class LocalCluster:
         hs = self._address(name, "hs")
         if self.options.processes:
             args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
-            for key, value in self.options.sim.items():
+            for key, value in self.sim_options().items():
                 args += [f"--{key.replace('_', '-')}", str(value)]
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:
             tokens = tokens or TokenTable.from_model_dir(default_model_dir())
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
-                                                  **self.options.sim)
+                                                  **self.sim_options())
 
     def wait_ready(self, timeout: float, engines: int | None = None) -> None:
         """Until /ready answers and the router sees ``engines`` (default: all) ready."""

@@ -1,14 +1,22 @@
-"""`kvroute demo`: router + simulated engines on the embedded tokenizer; a few requests shown."""
+"""`kvroute demo`: router + simulated engines on the embedded tokenizer; a short tour, then it
+serves until Ctrl-C (`--once`: the tour alone)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
 import signal
+import sys
 import threading
+from types import FrameType
 from typing import Any
 
 from devtools.cluster import ClusterOptions, LocalCluster
+from router.main import banner
 from router.routing.policy import POLICIES, PolicyConfig
+from sim.config import OUTPUTS
 
 SYSTEM = ("You are kvroute's demo assistant. Every request in this demo shares this system prompt, "
           "so after the first one the router sends them to the engine that already holds it. ")
@@ -56,25 +64,76 @@ def run_requests(base_url: str, model: str) -> None:
     _show("completion", raw_c.headers.get("x-kvroute-route"), comp.choices[0].text, comp.usage)
 
 
+def examples(base_url: str, model: str) -> str:
+    """Commands a user can paste into another terminal to reach the demo."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello there!"}],
+                       "max_tokens": 16})
+    python = os.path.relpath(sys.executable)
+    if python.startswith(".."):
+        python = sys.executable
+    client = (f'from openai import OpenAI; c = OpenAI(base_url="{base_url}/v1", '
+              f'api_key="none"); print(c.chat.completions.create(model="{model}", '
+              'messages=[{"role": "user", "content": "Hello there!"}], max_tokens=16)'
+              '.choices[0].message.content)')
+    return "\n".join([
+        "",
+        "Try it from another terminal (the engines are simulated: an answer repeats your last "
+        "line after '(simulated)'):",
+        f"  curl -s {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\",
+        f"       -d {shlex.quote(body)}",
+        f"  {shlex.quote(python)} -c {shlex.quote(client)}",
+        f"  curl -s {base_url}/metrics | grep kvroute_routing_decisions",
+        "",
+        "Serving until Ctrl-C.",
+    ])
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the demo as Ctrl-C does
+
+
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kvroute demo", description=__doc__)
+    p.add_argument("--port", type=int, default=8000, help="router port (0: any free one)")
+    p.add_argument("--once", action="store_true", help="run the tour and exit")
     p.add_argument("--engines", type=int, default=3)
     p.add_argument("--policy", choices=POLICIES, default="cache_aware")
     p.add_argument("--step-time", type=float, default=0.005, help="sim seconds per decode step")
-    p.add_argument("--serve", action="store_true", help="keep serving after the requests")
+    p.add_argument("--output", choices=OUTPUTS, default="echo",
+                   help="the simulated engines' answers: echo (readable) or random words")
     args = p.parse_args(argv)
+    if args.engines < 1:
+        p.error("--engines must be >= 1")
     opts = ClusterOptions(engines=args.engines, policy=PolicyConfig(name=args.policy),
-                          sim={"step_time": args.step_time})
-    print(f"starting kvroute with {args.engines} simulated engines (policy {args.policy}) ...")
-    with LocalCluster(opts) as cluster:
+                          sim={"step_time": args.step_time, "output": args.output},
+                          port=args.port)
+    # Both explicitly: a shell starts background jobs with SIGINT ignored, and Ctrl-C must work.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    print(f"kvroute demo: starting the router and {args.engines} simulated engines "
+          f"(policy {args.policy}) ...", flush=True)
+    cluster = LocalCluster(opts)
+    try:
+        cluster.start()
+    except OSError as exc:
+        cluster.stop()
+        print(f"kvroute demo: cannot listen on 127.0.0.1:{args.port}: {exc} (try --port 0)",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        cluster.stop()
+        return 0
+    try:
         model = cluster.state.models.registry.names()[0]
-        print(f"router at {cluster.base_url}, model {model!r}, engines {cluster.names}")
-        run_requests(cluster.base_url, model)
-        if args.serve:
-            print(f"\nserving at {cluster.base_url}/v1 (Ctrl-C to stop)")
-            done = threading.Event()
-            signal.signal(signal.SIGINT, lambda *_: done.set())
-            signal.signal(signal.SIGTERM, lambda *_: done.set())
-            done.wait()
-    print("\ndemo finished")
+        url = cluster.base_url
+        print(banner(cluster.config(), url, cluster.state), flush=True)
+        run_requests(url, model)
+        if args.once:
+            return 0
+        print(examples(url, model), flush=True)
+        threading.Event().wait()  # until SIGINT / SIGTERM raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        print("\nkvroute demo: stopping", flush=True)
+    finally:
+        cluster.stop()
     return 0

@@ -59,6 +59,7 @@ class RouterConfig:
     port: int = 8000
     model: str = str(EMBEDDED_MODEL)
     served_model_name: str | None = None
+    revision: str | None = None  # of a Hugging Face id in ``model`` (render/hub.py)
     tokenizer: str | None = None
     chat_template: str | None = None
     max_model_len: int | None = None
@@ -79,11 +80,35 @@ class RouterConfig:
             raise ValueError(f"http_server must be one of {SERVERS}, got {self.http_server!r}")
 
 
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_types(cls: type[Any], data: dict[str, Any], where: str) -> None:
+    """Scalar fields get a value of their type (a dataclass checks none): a TOML ``port = "80"``
+    fails here, naming the key, not later in a socket call."""
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        parts = [t.strip() for t in text.split("|")]
+        value = data[f.name]
+        if value is None and "None" in parts:
+            continue
+        kinds = [k for t in parts if t != "None" for k in _SCALARS.get(t, ())]
+        if len(kinds) != sum(len(_SCALARS.get(t, ())) for t in parts if t != "None") or not kinds:
+            continue  # not a plain scalar field
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, tuple(kinds)):
+            raise ConfigError(f"{where}: {f.name} must be {' or '.join(parts)}, got "
+                              f"{value!r}")
+
+
 def _build(cls: type[Any], data: dict[str, Any], where: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {sorted(known)}")
+    _check_types(cls, data, where)
     try:
         return cls(**data)
     except (TypeError, ValueError) as exc:
@@ -125,43 +150,58 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits},
-        "router",
+        "top level",
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML or JSON file; flags given here override it")
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--model", help="model dir for the in-process render (default: embedded)")
-    parser.add_argument("--served-model-name")
-    parser.add_argument("--tokenizer")
-    parser.add_argument("--chat-template")
-    parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--render-url", help="use a remote `kvroute render` service")
-    parser.add_argument(
+    serving = parser.add_argument_group("serving")
+    serving.add_argument("--config", help="TOML or JSON file; flags given here override it")
+    serving.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serving.add_argument("--port", type=int, help="port to listen on (default 8000; 0: any free)")
+    serving.add_argument("--api-key",
+                         help="require `Authorization: Bearer KEY` on public endpoints")
+    serving.add_argument("--http-server", choices=SERVERS,
+                         help=f"HTTP server, run stock (default {ROUTER_SERVER})")
+    model = parser.add_argument_group("model and render")
+    model.add_argument("--model",
+                       help="model directory, or a Hugging Face id ORG/NAME whose tokenizer and "
+                            "config files (never weights) are fetched into the Hugging Face "
+                            "cache (HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply; default: the "
+                            "embedded Qwen3 tokenizer)")
+    model.add_argument("--revision", help="Hub branch, tag or commit of an ORG/NAME --model")
+    model.add_argument("--served-model-name", help="the model name clients send")
+    model.add_argument("--tokenizer", help="tokenizer directory, if not the model's")
+    model.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
+    model.add_argument("--max-model-len", type=int,
+                       help="context length (default: the model's config.json; keep it at most "
+                            "the engines' --max-model-len)")
+    model.add_argument("--render-url", help="use a remote `kvroute render` service")
+    engines = parser.add_argument_group("engines")
+    engines.add_argument(
         "--engine",
         action="append",
         default=[],
         metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT]",
-        help="a headless engine's handshake address (repeatable)",
+        help="a headless engine's handshake address, bound by the router (repeatable)",
     )
-    parser.add_argument("--join-address", help="handshake address where engines may join later")
-    parser.add_argument("--policy", choices=POLICIES)
-    parser.add_argument("--load-weight", type=float)
-    parser.add_argument("--request-tokens", type=float)
-    parser.add_argument("--cache-threshold", type=float)
-    parser.add_argument("--balance-abs-threshold", type=int)
-    parser.add_argument("--balance-rel-threshold", type=float)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--max-in-flight-per-engine", type=int)
-    parser.add_argument("--max-queue", type=int)
-    parser.add_argument("--max-body-bytes", type=int)
-    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on public endpoints")
-    parser.add_argument("--log-level")
-    parser.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
-    parser.add_argument("--http-server", choices=SERVERS,
-                        help=f"HTTP server, run stock (default {ROUTER_SERVER})")
+    engines.add_argument("--join-address",
+                         help="handshake address where engines may join later")
+    routing = parser.add_argument_group("routing")
+    routing.add_argument("--policy", choices=POLICIES, help="default cache_aware")
+    routing.add_argument("--load-weight", type=float)
+    routing.add_argument("--request-tokens", type=float)
+    routing.add_argument("--cache-threshold", type=float)
+    routing.add_argument("--balance-abs-threshold", type=int)
+    routing.add_argument("--balance-rel-threshold", type=float)
+    routing.add_argument("--seed", type=int)
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-in-flight-per-engine", type=int)
+    limits.add_argument("--max-queue", type=int)
+    limits.add_argument("--max-body-bytes", type=int)
+    obs = parser.add_argument_group("observability")
+    obs.add_argument("--log-level", help="default INFO")
+    obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
@@ -186,7 +226,8 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
 
 def from_args(args: argparse.Namespace) -> RouterConfig:
     data: dict[str, Any] = load_file(args.config) if args.config else {}
-    for key in ("host", "port", "model", "served_model_name", "tokenizer", "chat_template",
+    for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
+                "chat_template",
                 "max_model_len", "render_url", "join_address", "api_key", "log_level",
                 "http_server"):
         if getattr(args, key) is not None:
@@ -208,4 +249,9 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits
-    return from_mapping(data)
+    try:
+        return from_mapping(data)
+    except ConfigError as exc:
+        if args.config:
+            raise ConfigError(f"config file {args.config}: {exc}") from None
+        raise

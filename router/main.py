@@ -9,20 +9,26 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
 from router.front.app import create_app
+from router.front.state import RouterState
 from router.obs import logs
 from serving.server import ServeOptions, bind_socket, serve_asgi
 
 
 async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
                 on_started: Callable[[], None] | None = None,
-                on_app: Callable[[Starlette], None] | None = None) -> None:
-    """Serve until ``stop`` is set; then readiness flips, streams drain, the server closes."""
-    app = create_app(cfg)
+                on_app: Callable[[Starlette], None] | None = None,
+                on_ready: Callable[[RouterState], None] | None = None) -> None:
+    """Serve until ``stop`` is set; then readiness flips, streams drain, the server closes.
+    ``on_ready(live)``: the app's lifespan has loaded the model and bound the engine sockets."""
+    app = create_app(cfg, on_ready=on_ready)
     if on_app is not None:
         on_app(app)
     lifecycle = app.state.lifecycle
@@ -40,14 +46,40 @@ async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
     await serve_asgi(app, sock, opts, shutdown_trigger)
 
 
+def banner(cfg: RouterConfig, url: str, live: RouterState) -> str:
+    """What a started router serves and where: address, model, engines, policy."""
+    models = ", ".join(live.models.registry.names())
+    render = f"render at {cfg.render_url}" if cfg.render_url else "render in process"
+    context = min(r.max_model_len for r in live.models.registry)
+    lines = [f"kvroute router: serving {models} on {url} (policy {cfg.policy.name}, "
+             f"max_model_len {context}, {render}, {cfg.http_server})"]
+    for name, eng in live.client.engines.items():
+        lines.append(f"  engine {name}: handshake {eng.handshake_endpoint} ({_transport(eng)}; "
+                     "the engine dials it)")
+    if not live.client.engines:
+        lines.append("  no engines yet: add --engine NAME=tcp://HOST:PORT, or POST /admin/engines")
+    if cfg.join_address:
+        lines.append(f"  engines may join at {cfg.join_address}")
+    lines.append(f"  OpenAI API {url}/v1, probes {url}/health {url}/ready, metrics {url}/metrics")
+    return "\n".join(lines)
+
+
+def _transport(eng: Any) -> str:
+    scheme = str(eng.handshake_endpoint).split("://", 1)[0]
+    return {"tcp": "ZMQ over TCP", "ipc": "ZMQ over a Unix socket"}.get(scheme, f"ZMQ {scheme}")
+
+
 async def _main(cfg: RouterConfig) -> None:
     sock = bind_socket(cfg.host, cfg.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await serve(cfg, sock, stop)
+        await serve(cfg, sock, stop,
+                    on_ready=lambda live: print(banner(cfg, url, live), flush=True))
     finally:
         sock.close()
 
@@ -69,10 +101,24 @@ def parse(argv: list[str]) -> RouterConfig:
     return from_args(parser.parse_args(argv))
 
 
+def resolve(cfg: RouterConfig) -> RouterConfig:
+    """The model as a local directory (a Hub id fetched: render/hub.py), named as typed."""
+    from render.hub import resolve_model  # raises ModelUnavailable
+
+    local = resolve_model(cfg.model, cfg.revision)
+    tokenizer = resolve_model(cfg.tokenizer, cfg.revision) if cfg.tokenizer else None
+    if local == Path(cfg.model) and tokenizer == (Path(cfg.tokenizer) if cfg.tokenizer else None):
+        return cfg
+    return replace(cfg, model=str(local), tokenizer=str(tokenizer) if tokenizer else None,
+                   served_model_name=cfg.served_model_name or cfg.model)
+
+
 def cli(argv: list[str]) -> int:
+    from render.hub import ModelUnavailable
+
     try:
-        cfg = parse(argv)
-    except ConfigError as exc:
+        cfg = resolve(parse(argv))
+    except (ConfigError, ModelUnavailable) as exc:
         print(f"kvroute router: {exc}", file=sys.stderr)
         return 2
     if not cfg.engines:
@@ -80,6 +126,10 @@ def cli(argv: list[str]) -> int:
               "config file with [[engines]]); engines can also join via POST /admin/engines",
               file=sys.stderr)
     logs.configure(cfg.log_level, cfg.log_json)
-    with contextlib.suppress(KeyboardInterrupt):
-        run(lambda: _main(cfg))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run(lambda: _main(cfg))
+    except OSError as exc:
+        print(f"kvroute router: cannot listen on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
+        return 1
     return 0

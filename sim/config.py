@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,13 @@ from sim.tokens import TokenTable
 # vLLM's HANDSHAKE_TIMEOUT_MINS.
 HANDSHAKE_TIMEOUT_S = 5 * 60.0
 SIM_VLLM_VERSION = "0.32.0"
+# A frontend (router) disconnected this long is gone: the engine exits instead of waiting forever.
+# Long enough for a router restart that re-adopts its engines (a model load).
+FRONTEND_GONE_TIMEOUT_S = 120.0
+DEFAULT_NUM_GPU_BLOCKS = 2048
+# The library's (and `--vocab-size` mode's) context length; with a model the CLI takes its own.
+DEFAULT_MAX_MODEL_LEN = 4096
+OUTPUTS = ("echo", "random")
 
 
 class KVEventsConfig(msgspec.Struct, omit_defaults=False, gc=False):
@@ -42,8 +51,8 @@ class SimConfig:
     tokens: TokenTable
     data_parallel_rank: int = 0
     block_size: int = 16
-    num_gpu_blocks: int = 2048
-    max_model_len: int = 4096
+    num_gpu_blocks: int = DEFAULT_NUM_GPU_BLOCKS
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     step_time: float = 0.01
@@ -56,8 +65,17 @@ class SimConfig:
     handshake_timeout: float = HANDSHAKE_TIMEOUT_S
     vllm_version: str = SIM_VLLM_VERSION
     dtype: str = "bfloat16"
+    # "echo": the prompt's last line after a "(simulated)" mark (needs a tokenizer, else random);
+    # "random": words drawn by the request's key (tokens.py).
+    output: str = "echo"
+    # Seconds after the frontend disconnected before the engine exits on its own (0: never).
+    frontend_gone_timeout: float = FRONTEND_GONE_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
+        if self.frontend_gone_timeout < 0:
+            raise ValueError("frontend_gone_timeout must be >= 0")
         for name in ("block_size", "num_gpu_blocks", "max_model_len", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -80,6 +98,21 @@ class SimConfig:
         return self.data_parallel_rank.to_bytes(2, "little")
 
 
+def model_max_len(model_dir: Path) -> int:
+    """The context length vLLM (and the router's render) derive from the model's config.json."""
+    from render.model_files import derive_max_model_len
+
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return derive_max_model_len(config, {})
+
+
+def blocks_for(max_model_len: int, block_size: int) -> int:
+    """The default cache size: 2048 blocks, or more when one request of ``max_model_len`` needs
+    them (block 0 is the null block), as vLLM requires a max-length request to fit."""
+    return max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // block_size) + 1)
+
+
 def default_model_dir() -> Path:
     """The Qwen3 tokenizer embedded in the package (render/models/qwen3)."""
     import render.models
@@ -93,63 +126,72 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulated vLLM engine: the headless EngineCore protocol, a real prefix "
         "cache with KV events, and a configurable step time.",
     )
-    p.add_argument("--data-parallel-address", default="127.0.0.1")
-    p.add_argument("--data-parallel-rpc-port", type=int, default=13345)
-    p.add_argument("--handshake-address", help="full zmq URL; overrides address and port")
-    p.add_argument("--data-parallel-rank", type=int, default=0)
-    p.add_argument("--kv-events-config", default=None, help="JSON, as for vllm serve")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
-    p.add_argument(
-        "--prefill-time-per-token",
-        type=float,
-        default=2e-5,
-        help="extra seconds per uncached prompt token scheduled in a step",
-    )
-    p.add_argument(
-        "--decode-time-per-seq",
-        type=float,
-        default=0.0,
-        help="extra seconds per request in the step (batch-size-dependent decode cost)",
-    )
-    p.add_argument(
+    fe = p.add_argument_group("frontend (the router's handshake, as vllm serve --headless)")
+    fe.add_argument("--data-parallel-address", default="127.0.0.1")
+    fe.add_argument("--data-parallel-rpc-port", type=int, default=13345)
+    fe.add_argument("--handshake-address", help="full zmq URL; overrides address and port")
+    fe.add_argument("--data-parallel-rank", type=int, default=0)
+    fe.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
+    fe.add_argument("--frontend-gone-timeout", type=float, default=FRONTEND_GONE_TIMEOUT_S,
+                    help="exit when the frontend has been disconnected this many seconds "
+                         "(0: wait for it forever)")
+    fe.add_argument("--headless", action="store_true", help="accepted for vllm serve parity")
+    model = p.add_argument_group("model and output")
+    model.add_argument(
         "--model",
-        type=Path,
         default=None,
-        help="model dir with tokenizer.json (default: the embedded Qwen3 tokenizer)",
+        help="model dir with tokenizer.json, or a Hugging Face id ORG/NAME (its tokenizer and "
+        "config fetched as the router does; default: the embedded Qwen3 tokenizer)",
     )
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=None,
-        help="emit ids below this instead of reading a tokenizer",
-    )
-    p.add_argument("--eos-token-id", type=int, action="append", default=None)
-    p.add_argument(
-        "--eos-prob",
-        type=float,
-        default=0.0,
-        help="chance per step (after min_tokens) of emitting the request's EOS id",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--disable-log-stats", action="store_true")
-    p.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
-    p.add_argument("--headless", action="store_true", help="accepted for vllm serve parity")
+    model.add_argument("--revision", help="Hub branch, tag or commit of an ORG/NAME --model")
+    model.add_argument("--vocab-size", type=int, default=None,
+                       help="emit ids below this instead of reading a tokenizer")
+    model.add_argument("--output", choices=OUTPUTS, default="echo",
+                       help="echo (default): answers repeat the prompt's last line after a "
+                            "'(simulated)' mark; random: words drawn per request (vLLM's seed "
+                            "rules)")
+    model.add_argument("--eos-token-id", type=int, action="append", default=None)
+    model.add_argument("--eos-prob", type=float, default=0.0,
+                       help="chance per step (after min_tokens) of emitting the request's EOS id")
+    model.add_argument("--seed", type=int, default=0)
+    limits = p.add_argument_group("cache and scheduler limits")
+    limits.add_argument("--block-size", type=int, default=16)
+    limits.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", type=int, default=None,
+                        help=f"KV cache blocks (default: {DEFAULT_NUM_GPU_BLOCKS}, or enough "
+                             "for one request of --max-model-len)")
+    limits.add_argument("--max-model-len", type=int, default=None,
+                        help="context length (default: the model's, by vLLM's rule from "
+                             "config.json, as the router derives it; 4096 with --vocab-size)")
+    limits.add_argument("--max-num-seqs", type=int, default=256)
+    limits.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
+    timing.add_argument("--prefill-time-per-token", type=float, default=2e-5,
+                        help="extra seconds per uncached prompt token scheduled in a step")
+    timing.add_argument("--decode-time-per-seq", type=float, default=0.0,
+                        help="extra seconds per request in the step (batch-size-dependent "
+                             "decode cost)")
+    obs = p.add_argument_group("observability")
+    obs.add_argument("--kv-events-config", default=None, help="JSON, as for vllm serve")
+    obs.add_argument("--disable-log-stats", action="store_true")
     return p
 
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
+    max_model_len = ns.max_model_len
     if ns.vocab_size is not None:
         eos = tuple(ns.eos_token_id or ())
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
+        max_model_len = max_model_len or DEFAULT_MAX_MODEL_LEN
     else:
-        tokens = TokenTable.from_model_dir(ns.model or default_model_dir())
+        from render.hub import resolve_model
+
+        model = resolve_model(ns.model, ns.revision) if ns.model else default_model_dir()
+        tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
-            tokens = TokenTable(tokens.ids, tokens.vocab_size, tuple(ns.eos_token_id))
+            tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))
+        max_model_len = max_model_len or model_max_len(model)
+    num_gpu_blocks = ns.num_gpu_blocks or blocks_for(max_model_len, ns.block_size)
     kv = (
         msgspec.json.decode(ns.kv_events_config, type=KVEventsConfig)
         if ns.kv_events_config
@@ -163,8 +205,8 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         tokens=tokens,
         data_parallel_rank=ns.data_parallel_rank,
         block_size=ns.block_size,
-        num_gpu_blocks=ns.num_gpu_blocks,
-        max_model_len=ns.max_model_len,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max_model_len,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         step_time=ns.step_time,
@@ -175,4 +217,6 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         log_stats=not ns.disable_log_stats,
         kv_events=kv,
         handshake_timeout=ns.handshake_timeout,
+        output=ns.output,
+        frontend_gone_timeout=ns.frontend_gone_timeout,
     )

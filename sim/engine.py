@@ -6,7 +6,8 @@ simulated duration while inputs keep arriving, then completes: outputs go to eac
 socket as ``[msgpack(EngineCoreOutputs), *aux ndarray frames]`` and the step's KV events are
 published. A fatal error sends ``ENGINE_CORE_DEAD`` on every output socket, as vLLM does; a plain
 stop (``stop()``, SIGTERM) sends nothing. zmq reconnects to a frontend that comes back at the
-same addresses, so no new handshake is needed.
+same addresses, so no new handshake is needed; one that stays away ``frontend_gone_timeout``
+seconds ends the loop (the engine exits rather than wait forever for a router that is gone).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from sim.config import SimConfig
 from sim.kv_publisher import KVEventPublisher
@@ -97,6 +99,7 @@ class SimEngine:
         self._wake_tx.connect(wake)
         self._stop_lock = threading.Lock()
         self._stopped = False
+        self._monitor: zmq.Socket[bytes] | None = None
         self._req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest, ext_hook=ext_hook)
         self._decoder = msgspec.msgpack.Decoder(ext_hook=ext_hook)
         self._encoder = OutputEncoder()
@@ -128,6 +131,14 @@ class SimEngine:
             finally:
                 hs.close(linger=0)
             self.ready.set()
+            log.info(
+                "ready: rank %d serving the frontend at %s (max_model_len "
+                "%d, %d blocks of %d, output %s%s)",
+                self.config.data_parallel_rank, self.config.handshake_address,
+                self.config.max_model_len, self.config.num_gpu_blocks, self.config.block_size,
+                self.config.output if self.config.tokens.tokenizer is not None else "random",
+                f", KV events on {self.kv_publisher.config.endpoint}" if self.kv_publisher else "",
+            )
             try:
                 self._serve(io)
             except Exception as e:
@@ -145,6 +156,10 @@ class SimEngine:
             self._close(io)
 
     def _close(self, io: EngineSockets | None) -> None:
+        if self._monitor is not None:
+            assert io is not None
+            io.inputs[0].disable_monitor()
+            self._monitor.close(linger=0)
         if io is not None:
             for s in io.inputs:
                 s.close(linger=0)
@@ -158,7 +173,8 @@ class SimEngine:
         with self._stop_lock:
             self._stopped = True
             self._wake_tx.close(linger=0)
-        self._ctx.term()
+        # destroy, not term: a socket left open by a failed start must not hang the exit.
+        self._ctx.destroy(linger=0)
 
     # ---- the busy loop ----
 
@@ -170,6 +186,14 @@ class SimEngine:
         replay = self.kv_publisher.replay if self.kv_publisher else None
         if replay is not None:
             poller.register(replay, zmq.POLLIN)
+        gone_after = self.config.frontend_gone_timeout
+        if gone_after > 0 and io.inputs:
+            # The frontend's sockets are bound, ours connect: a disconnect that lasts means it
+            # has gone (a restarted frontend reconnects within the timeout and is served on).
+            self._monitor = io.inputs[0].get_monitor_socket(
+                zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            poller.register(self._monitor, zmq.POLLIN)
+        gone_since: float | None = None
         sched = self.scheduler
         plan: StepPlan | None = None
         deadline = 0.0
@@ -178,17 +202,28 @@ class SimEngine:
                 now = time.monotonic()
                 plan = sched.schedule(now)
                 deadline = now + plan.duration
+            wake_at = deadline if plan is not None else None
+            if gone_since is not None:
+                gone_at = gone_since + gone_after
+                wake_at = gone_at if wake_at is None else min(wake_at, gone_at)
             timeout = (
-                None if plan is None else math.ceil(max(0.0, deadline - time.monotonic()) * 1e3)
+                None if wake_at is None else math.ceil(max(0.0, wake_at - time.monotonic()) * 1e3)
             )
             for sock, _ in poller.poll(timeout):
                 if sock is self._wake_rx:
                     return
-                if sock is replay:
+                if sock is self._monitor:
+                    gone_since = self._frontend_events(gone_since)
+                elif sock is replay:
                     assert self.kv_publisher is not None
                     self.kv_publisher.service_replay()
                 else:
                     self._drain(sock, io)
+            if gone_since is not None and time.monotonic() >= gone_since + gone_after:
+                log.warning("sim engine %d: the frontend at %s has been gone for %g s; exiting",
+                            self.config.data_parallel_rank, self.config.handshake_address,
+                            gone_after)
+                return
             if plan is not None and time.monotonic() >= deadline:
                 outputs = sched.finish(plan)
                 plan = None
@@ -197,6 +232,18 @@ class SimEngine:
                     self.kv_publisher.publish(events)
                 for client, out in outputs.items():
                     self._send(io, client, out)
+
+    def _frontend_events(self, gone_since: float | None) -> float | None:
+        """Reads the input socket's connect/disconnect events: since when the frontend is gone,
+        or None while it is connected."""
+        assert self._monitor is not None
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                gone_since = gone_since if gone_since is not None else time.monotonic()
+            elif event == zmq.EVENT_CONNECTED:
+                gone_since = None
+        return gone_since
 
     def _send(self, io: EngineSockets, client: int, outputs: EngineCoreOutputs) -> None:
         outputs.engine_index = self.config.data_parallel_rank
@@ -269,7 +316,11 @@ class SimEngine:
             return
         assert req.prompt_token_ids is not None and req.sampling_params is not None
         key = request_key(cfg.seed, req.request_id, req.prompt_token_ids, req.sampling_params)
-        self.scheduler.add(SimRequest(req, key, cfg.max_model_len), time.monotonic())
+        sim_req = SimRequest(req, key, cfg.max_model_len)
+        if cfg.output == "echo":
+            sample = None if req.sampling_params.temperature == 0.0 else key
+            sim_req.echo, sim_req.echo_loop = cfg.tokens.echo_ids(req.prompt_token_ids, sample)
+        self.scheduler.add(sim_req, time.monotonic())
 
     def _reject_reason(self, req: EngineCoreRequest) -> str | None:
         cfg = self.config

@@ -64,16 +64,21 @@ class KVEventPublisher:
         self.pub: zmq.Socket[bytes] = ctx.socket(zmq.PUB)
         self.pub.set_hwm(config.hwm)
         self.pub.setsockopt(zmq.LINGER, 0)
-        if is_bind_endpoint(endpoint):
-            endpoint = _bind(self.pub, endpoint)
-        else:
-            self.pub.connect(endpoint)
         self.replay: zmq.Socket[bytes] | None = None
         replay_endpoint = offset_endpoint_port(config.replay_endpoint, rank)
-        if replay_endpoint is not None:
-            self.replay = ctx.socket(zmq.ROUTER)
-            self.replay.setsockopt(zmq.LINGER, 0)
-            replay_endpoint = _bind(self.replay, replay_endpoint)
+        try:
+            if is_bind_endpoint(endpoint):
+                endpoint = _bind(self.pub, endpoint)
+            else:
+                self.pub.connect(endpoint)
+            if replay_endpoint is not None:
+                self.replay = ctx.socket(zmq.ROUTER)
+                self.replay.setsockopt(zmq.LINGER, 0)
+                replay_endpoint = _bind(self.replay, replay_endpoint)
+        except BaseException:
+            # An open socket would keep the context's term() waiting forever.
+            self.close()
+            raise
         # What the ready response reports: the endpoints actually in use.
         self.config = msgspec.structs.replace(
             config, endpoint=endpoint, replay_endpoint=replay_endpoint

@@ -12,7 +12,7 @@ from sim.engine import SimEngine
 from sim.protocol import HandshakeTimeout
 
 
-def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     # Unwinds run() through its finally: sockets close, and (like vLLM on SIGTERM) no
     # ENGINE_CORE_DEAD is sent.
     raise SystemExit(0)
@@ -23,12 +23,16 @@ def cli(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s sim-engine %(levelname)s %(message)s"
     )
+    from render.hub import ModelUnavailable
+
     try:
         config = config_from_args(ns)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ModelUnavailable) as e:
         print(f"kvroute sim-engine: {e}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop it.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     engine = SimEngine(config)
     logging.info(
         "rank %d: handshake with %s (block_size=%d, num_gpu_blocks=%d, step_time=%gs)",

@@ -38,6 +38,8 @@ class SimRequest:
         "num_tokens",
         "stream",
         "stream_start",
+        "echo",
+        "echo_loop",
     )
 
     def __init__(self, req: EngineCoreRequest, key: int, max_model_len: int) -> None:
@@ -82,6 +84,9 @@ class SimRequest:
         # Pre-drawn output ids for positions stream_start.. (see tokens.token_stream).
         self.stream: list[int] = []
         self.stream_start = 0
+        # The echo answer (tokens.TokenTable.echo_ids), when the engine's output mode is "echo".
+        self.echo: tuple[int, ...] = ()
+        self.echo_loop = 0
 
     @property
     def num_output(self) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 from sim.config import SimConfig
 from sim.prefix_cache import BlockPool, chain_hashes
 from sim.request import SimRequest
-from sim.tokens import logprobs_row, next_token, splitmix64, token_stream
+from sim.tokens import echo_stream, logprobs_row, next_token, splitmix64, token_stream
 from wire.engine import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -287,7 +287,10 @@ class Scheduler:
                 return eos
         k = pos - req.stream_start
         if not 0 <= k < len(req.stream):
-            req.stream = token_stream(table, req.key, pos, _STREAM_CHUNK)
+            if req.echo:
+                req.stream = echo_stream(req.echo, req.echo_loop, pos, _STREAM_CHUNK)
+            else:
+                req.stream = token_stream(table, req.key, pos, _STREAM_CHUNK)
             req.stream_start, k = pos, 0
         token = req.stream[k]
         if not masked:

@@ -5,12 +5,18 @@ ASCII words, so detokenized text reads as words; otherwise every id below ``voca
 is not special), by a splitmix64 hash of (request key, position). The key follows vLLM's
 sampling semantics: greedy (temperature 0) and seeded requests depend on the prompt only, so
 identical requests give identical outputs; unseeded sampling differs per request id.
+
+With a tokenizer the default output is an echo instead (``echo_ids``): the prompt's last line of
+text after a "(simulated)" mark, repeated up to ``max_tokens``, so a demo's answer reads as what it
+is rather than as a broken model. The same key rule holds: a sampled request's mark carries a tag
+of its key ("(simulated #3fa2)"), a greedy one's none.
 """
 
 from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import numpy.typing as npt
+import tokenizers
 import xxhash
 
 from wire.sampling import SamplingParams
@@ -25,6 +32,13 @@ from wire.sampling import SamplingParams
 _M64 = (1 << 64) - 1
 # Byte-level BPE (GPT-2/Qwen/Llama 3) and SentencePiece spellings of a leading space.
 _SPACE_MARKS = "\u0120\u2581"
+ECHO_MARK = "(simulated)"
+# The prompt tokens an echo reads (its last line is in there), and the words it repeats.
+_ECHO_TAIL = 256
+_ECHO_WORDS = 24
+# Lines a chat template ends a prompt with (the generation header), skipped by the echo.
+_HEADER_LINES = frozenset({"assistant", "assistant:", "model", "model:", "<think>", "</think>",
+                           "<|assistant|>", "### response:", "bot:"})
 
 
 def _is_word(piece: str) -> bool:
@@ -47,6 +61,9 @@ class TokenTable:
     ids: tuple[int, ...]
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    # Present when read from a model dir: what the echo output decodes and encodes with.
+    tokenizer: tokenizers.Tokenizer | None = field(default=None, repr=False, compare=False)
+    special_ids: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
     id_array: npt.NDArray[np.int32] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +98,33 @@ class TokenTable:
             # Not a word-piece vocabulary we recognise: any non-special id will do.
             banned = special | set(eos)
             words = [i for i in vocab.values() if i not in banned]
-        return cls(tuple(sorted(words)), size, eos)
+        tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return cls(tuple(sorted(words)), size, eos, tokenizer, frozenset(special) | set(eos))
+
+    def echo_ids(self, prompt: Sequence[int], sample: int | None = None
+                 ) -> tuple[tuple[int, ...], int]:
+        """The echo answer to ``prompt``: its ids and where the repeating part starts (the ids
+        from there on repeat forever); ``((), 0)`` without a tokenizer. A sampled (not greedy)
+        request passes its key as ``sample``: the mark carries a tag of it, so samples differ
+        as vLLM's do (per seed, or per request when unseeded)."""
+        tok = self.tokenizer
+        if tok is None:
+            return (), 0
+        text = tok.decode(list(prompt[-_ECHO_TAIL:]), skip_special_tokens=True)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        while lines and lines[-1].lower() in _HEADER_LINES:
+            lines.pop()
+        said = " ".join(lines[-1].split()[-_ECHO_WORDS:]) if lines else ""
+        mark = ECHO_MARK if sample is None else f"{ECHO_MARK[:-1]} #{sample & 0xFFFF:04x})"
+        reply = f"{mark} {said}".rstrip()
+        first = self._encode(reply)
+        again = self._encode(f" {reply}")
+        return (*first, *again), len(first)
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        assert self.tokenizer is not None
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return tuple(i for i in ids if i < self.vocab_size and i not in self.special_ids)
 
 
 class _AddedToken(msgspec.Struct):
@@ -136,6 +179,13 @@ def token_stream(table: TokenTable, key: int, start: int, n: int) -> list[int]:
     x ^= x >> np.uint64(31)
     ids: list[int] = table.id_array[x % np.uint64(len(table.ids))].tolist()
     return ids
+
+
+def echo_stream(echo: tuple[int, ...], loop_from: int, start: int, n: int) -> list[int]:
+    """Echo ids for positions ``start .. start+n`` (see ``TokenTable.echo_ids``)."""
+    period = len(echo) - loop_from
+    return [echo[p] if p < loop_from else echo[loop_from + (p - loop_from) % period]
+            for p in range(start, start + n)]
 
 
 def next_token(table: TokenTable, key: int, position: int) -> int:

@@ -4,7 +4,8 @@ The request path runs one way (HTTP -> render -> route -> engine link -> output 
 the packages import the same way: ``wire`` and ``radix`` import nothing of ours; render's
 library only the wire types and the error tree (``serving.errors``, which imports nothing of
 ours); the output pipeline the wire types, render's library and the error tree; the simulated
-engine only the wire types (and the embedded model's files).
+engine only the wire types, and to find and read a model's files (the embedded model, a Hub id,
+its context length) render's model-file helpers, lazily.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "serving": {"serving"},
     "serving.errors": {"serving.errors"},
     "output": {"output", "wire", "render", "serving.errors"},
-    "sim": {"sim", "wire", "render.models"},
+    "sim": {"sim", "wire", "render.models", "render.model_files", "render.hub"},
     "router": {"router", "wire", "radix", "render", "serving", "output"},
     "devtools": OURS - {"kvroute"},
     "kvroute": OURS,

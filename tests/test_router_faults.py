@@ -102,7 +102,7 @@ def cluster() -> Iterator[LocalCluster]:
 def test_client_disconnect_aborts_on_the_engine(cluster: LocalCluster) -> None:
     with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
         with http.stream("POST", "/v1/chat/completions",
-                         json=_chat("disconnect me", 5000, stream=True)) as resp:
+                         json=_chat("disconnect me", 4000, stream=True)) as resp:
             engine = resp.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
             sched = cluster.threads[engine].engine.scheduler
             lines = resp.iter_lines()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import time
 from collections import Counter
@@ -63,6 +65,19 @@ class Frontend:
         self.hs.close(linger=0)
 
     def handshake(self, timeout_ms: int = TIMEOUT_MS) -> dict[str, Any]:
+        ident = self.answer_hello(timeout_ms)
+        # A real engine says HELLO first and loads its model before the ready response.
+        assert self.inp.poll(timeout_ms), "no ready response"
+        self.identity, payload = self.inp.recv_multipart()
+        assert self.identity == ident
+        self.ready = msgspec.msgpack.decode(payload)
+        assert self.hs.poll(TIMEOUT_MS), "no READY"
+        _, status = self.hs.recv_multipart()
+        assert msgspec.msgpack.decode(status)["status"] == "READY"
+        return self.ready
+
+    def answer_hello(self, timeout_ms: int = TIMEOUT_MS) -> bytes:
+        """The handshake's first half: HELLO in, the addresses out; the engine's identity."""
         assert self.hs.poll(timeout_ms), "no HELLO"
         ident, hello = self.hs.recv_multipart()
         assert msgspec.msgpack.decode(hello) == {
@@ -80,15 +95,8 @@ class Frontend:
         self.hs.send_multipart(
             [ident, msgspec.msgpack.encode({"addresses": addresses, "parallel_config": {}})]
         )
-        # A real engine says HELLO first and loads its model before the ready response.
-        assert self.inp.poll(timeout_ms), "no ready response"
-        self.identity, payload = self.inp.recv_multipart()
-        assert self.identity == ident
-        self.ready = msgspec.msgpack.decode(payload)
-        assert self.hs.poll(TIMEOUT_MS), "no READY"
-        _, status = self.hs.recv_multipart()
-        assert msgspec.msgpack.decode(status)["status"] == "READY"
-        return self.ready
+        ident_bytes: bytes = ident
+        return ident_bytes
 
     def add(
         self,
@@ -646,7 +654,7 @@ def test_executor_failure_sends_engine_core_dead(sim: Harness) -> None:
 
 
 def test_frontend_restart_is_readopted_without_handshake(sim: Harness) -> None:
-    fe = sim.start()
+    fe = sim.start()  # within frontend_gone_timeout (default 120 s) the engine waits for it
     fe.add("a", [1, 2, 3], max_tokens=2)
     fe.run("a")
     fe.close_io()
@@ -949,3 +957,100 @@ def test_eviction_matches_real_vllm(ctx: zmq.Context[zmq.Socket[bytes]], tmp_pat
     real = _eviction_run(ctx, "vllm", tmp_path / "vllm")
     assert sim == real
     assert real["events"][-1] == ("removed", ["B2"])
+
+
+# ---------------------------------------------------------------- output modes and lifetime
+
+
+QWEN = TokenTable.from_model_dir(default_model_dir())
+
+
+def _chat_prompt(user: str) -> list[int]:
+    assert QWEN.tokenizer is not None
+    text = (f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    ids: list[int] = QWEN.tokenizer.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+def test_echo_output_repeats_the_prompts_last_line_after_a_mark(sim: Harness) -> None:
+    """The default with a tokenizer: readable, marked as simulated, the prompt's own words."""
+    assert QWEN.tokenizer is not None
+    fe = sim.start(tokens=QWEN, num_gpu_blocks=256)
+    prompt = _chat_prompt("Where is my cache?")
+    fe.add("e", prompt, max_tokens=16, temperature=0.0)
+    fe.add("c", QWEN.tokenizer.encode("The quick brown fox").ids, max_tokens=12, temperature=0.0)
+    for rid, seed in (("s1", 5), ("s2", 5), ("s3", 6), ("u1", None), ("u2", None)):
+        fe.add(rid, prompt, max_tokens=16, seed=seed)
+    got, _ = fe.run("e", "c", "s1", "s2", "s3", "u1", "u2")
+    chat = QWEN.tokenizer.decode(fe.tokens(got["e"]))
+    assert chat.startswith("(simulated) Where is my cache? (simulated) Where is")
+    assert len(fe.tokens(got["e"])) == 16 and got["e"][-1].finish_reason == wire.FinishReason.LENGTH
+    assert QWEN.tokenizer.decode(fe.tokens(got["c"])).startswith(
+        "(simulated) The quick brown fox (simulated)")
+    # Sampled requests: a tag of the request's key, so vLLM's seed rules still hold.
+    text = {r: QWEN.tokenizer.decode(fe.tokens(got[r])) for r in ("s1", "s2", "s3", "u1", "u2")}
+    tagged = re.compile(r"\(simulated #[0-9a-f]{4}\) Where is my cache\?")
+    assert all(tagged.match(t) for t in text.values()), text
+    assert text["s1"] == text["s2"] and text["s1"] != text["s3"] and text["u1"] != text["u2"]
+
+
+def test_random_output_stays_available(sim: Harness) -> None:
+    assert QWEN.tokenizer is not None
+    fe = sim.start(tokens=QWEN, num_gpu_blocks=256, output="random")
+    fe.add("r", _chat_prompt("Where is my cache?"), max_tokens=16, seed=3)
+    got, _ = fe.run("r")
+    text = QWEN.tokenizer.decode(fe.tokens(got["r"]))
+    assert "(simulated)" not in text and "cache" not in text
+    assert set(fe.tokens(got["r"])) <= set(QWEN.ids)
+
+
+def test_engine_exits_by_itself_when_its_frontend_is_gone(sim: Harness) -> None:
+    fe = sim.start(frontend_gone_timeout=0.5)
+    fe.add("a", [1, 2, 3], max_tokens=2)
+    fe.run("a")
+    assert sim.engine is not None and sim.engine.thread.is_alive()
+    fe.close_io()  # the frontend went away (its sockets closed)
+    sim.engine.thread.join(60)
+    assert not sim.engine.thread.is_alive()
+    assert sim.engine.engine.error is None
+
+
+def test_cli_defaults_follow_the_model_like_the_router() -> None:
+    from render import Renderer
+    from sim.config import build_parser, config_from_args
+
+    cfg = config_from_args(build_parser().parse_args([]))
+    renderer = Renderer.load(default_model_dir())
+    assert cfg.max_model_len == renderer.max_model_len  # what the router admits prompts to
+    assert (cfg.num_gpu_blocks - 1) * cfg.block_size >= cfg.max_model_len
+    assert cfg.output == "echo"
+    vocab = config_from_args(build_parser().parse_args(["--vocab-size", "100"]))
+    assert vocab.max_model_len == 4096 and vocab.num_gpu_blocks == 2048
+
+
+def test_cli_engine_whose_kv_endpoint_is_taken_exits(
+    ctx: zmq.Context[zmq.Socket[bytes]], tmp_path: Path
+) -> None:
+    """A start that fails after some sockets opened exits (it used to hang in ctx.term())."""
+    taken = ctx.socket(zmq.ROUTER)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    fe = Frontend(ctx, tmp_path)
+    kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                     "endpoint": f"ipc://{tmp_path}/kv",
+                     "replay_endpoint": f"tcp://127.0.0.1:{port}"})
+    proc = spawn_sim_engine(fe.hs_addr, ["--vocab-size", "100", "--kv-events-config", kv],
+                            stderr=subprocess.PIPE)
+    try:
+        fe.answer_hello()
+        assert proc.wait(60) == 1
+        assert proc.stderr is not None
+        assert b"Address already in use" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+        taken.close(linger=0)
+        fe.close()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TextIO
 
+from render.hub import resolve_model
 from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen3"
@@ -32,6 +35,8 @@ class ModelSpec:
     tokenizer: Path | None = None
     chat_template: Path | None = None
     max_model_len: int | None = None
+    # The Hub revision (branch, tag or commit) when ``model`` is a Hugging Face id (render/hub.py).
+    revision: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +77,22 @@ class RenderLimits:
 
 
 def model_spec(model: Path, served_model_name: str | None = None, *, tokenizer: Path | None = None,
-               chat_template: Path | None = None, max_model_len: int | None = None) -> ModelSpec:
+               chat_template: Path | None = None, max_model_len: int | None = None,
+               revision: str | None = None) -> ModelSpec:
     """A model to serve; unnamed, it is served by its directory (the embedded one by its id)."""
     if served_model_name is None:
         served_model_name = (EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL
                              else str(model))
-    return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len)
+    return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len, revision)
 
 
-SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len"}
+SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len",
+             "revision"}
 
 
 def parse_model_spec(text: str) -> ModelSpec:
-    """``DIR[,served_model_name=N][,tokenizer=DIR][,chat_template=FILE][,max_model_len=N]``."""
+    """``DIR|ORG/NAME[,served_model_name=N][,tokenizer=DIR][,chat_template=FILE]
+    [,max_model_len=N][,revision=REV]``."""
     head, *pairs = text.split(",")
     fields: dict[str, str] = {"model": head}
     for pair in pairs:
@@ -104,11 +112,13 @@ def parse_model_spec(text: str) -> ModelSpec:
         fields.get("tokenizer"),
         fields.get("chat_template"),
         fields.get("max_model_len"),
+        fields.get("revision"),
     )
 
 
 def _spec(
-    model: Path, name: str | None, tokenizer: str | None, template: str | None, max_len: str | None
+    model: Path, name: str | None, tokenizer: str | None, template: str | None,
+    max_len: str | None, revision: str | None = None,
 ) -> ModelSpec:
     if max_len is not None and (not max_len.isdigit() or int(max_len) < 1):
         raise argparse.ArgumentTypeError(
@@ -120,6 +130,7 @@ def _spec(
         tokenizer=Path(tokenizer) if tokenizer else None,
         chat_template=Path(template) if template else None,
         max_model_len=int(max_len) if max_len is not None else None,
+        revision=revision,
     )
 
 
@@ -128,37 +139,46 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvroute render",
         description="GPU-less render service: OpenAI requests -> vLLM GenerateRequests.",
     )
-    p.add_argument("--model", type=Path, default=EMBEDDED_MODEL,
-                   help="Hugging Face model directory (default: the embedded Qwen3 tokenizer)")
-    p.add_argument("--tokenizer", help="tokenizer directory, if not the model's")
-    p.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
-    p.add_argument("--served-model-name",
+    m = p.add_argument_group("model")
+    m.add_argument("--model", type=Path, default=EMBEDDED_MODEL,
+                   help="model directory, or a Hugging Face id ORG/NAME whose tokenizer and "
+                        "config files (never weights) are fetched into the Hugging Face cache "
+                        "(HF_HOME, HF_TOKEN, HF_HUB_OFFLINE apply; default: the embedded Qwen3 "
+                        "tokenizer)")
+    m.add_argument("--revision", help="Hub branch, tag or commit of an ORG/NAME --model")
+    m.add_argument("--tokenizer", help="tokenizer directory or Hub id, if not the model's")
+    m.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
+    m.add_argument("--served-model-name",
                    help=f"name requests select the model by (embedded: {EMBEDDED_SERVED_NAME})")
-    p.add_argument("--max-model-len", help="context length (default: the model's config.json)")
-    p.add_argument("--add-model", action="append", default=[], type=parse_model_spec,
-                   metavar="SPEC", help="another model: DIR[,served_model_name=N][,tokenizer=DIR]"
-                   "[,chat_template=FILE][,max_model_len=N]; repeatable")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
-    p.add_argument("--workers", type=int, default=1, help="worker processes sharing the socket")
-    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
-                   help="larger request bodies are refused with 413")
-    p.add_argument("--allow-request-chat-template", action="store_true",
+    m.add_argument("--max-model-len", help="context length (default: the model's config.json)")
+    m.add_argument("--add-model", action="append", default=[], type=parse_model_spec,
+                   metavar="SPEC", help="another model: DIR|ORG/NAME[,served_model_name=N]"
+                   "[,tokenizer=DIR][,chat_template=FILE][,max_model_len=N][,revision=REV]; "
+                   "repeatable")
+    m.add_argument("--allow-request-chat-template", action="store_true",
                    help="accept a request's own `chat_template` (off: 400)")
-    p.add_argument("--offload-bytes", type=int, default=DEFAULT_OFFLOAD_BYTES,
+    s = p.add_argument_group("serving")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    s.add_argument("--workers", type=int, default=1, help="worker processes sharing the socket")
+    s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
+                   help="larger request bodies are refused with 413")
+    r = p.add_argument_group("where renders run")
+    r.add_argument("--offload-bytes", type=int, default=DEFAULT_OFFLOAD_BYTES,
                    help="bodies up to this size always render on the event loop")
-    p.add_argument("--inline-budget-ms", type=float, default=DEFAULT_INLINE_BUDGET_MS,
+    r.add_argument("--inline-budget-ms", type=float, default=DEFAULT_INLINE_BUDGET_MS,
                    help="bigger bodies render on a thread unless the model's measured cost "
                         "predicts at most this many ms (0: always on a thread)")
-    p.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
+    r.add_argument("--inline-max-bytes", type=int, default=DEFAULT_INLINE_MAX_BYTES,
                    help="bodies above this size always render on a thread")
-    p.add_argument("--render-threads", type=int, default=DEFAULT_RENDER_THREADS,
+    r.add_argument("--render-threads", type=int, default=DEFAULT_RENDER_THREADS,
                    help="threads for big renders")
-    p.add_argument("--render-processes", type=int, default=1,
+    r.add_argument("--render-processes", type=int, default=1,
                    help="helper processes per worker rendering bodies over --inline-max-bytes "
                         "(each loads its own copy of the models; 0: render them on a thread)")
-    p.add_argument("--access-log", action="store_true", help="log every request to stderr")
-    p.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
+    o = p.add_argument_group("observability")
+    o.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    s.add_argument("--http-server", choices=SERVERS, default=DEFAULT_HTTP_SERVER,
                    help=f"HTTP server, run stock (default {DEFAULT_HTTP_SERVER}; granian needs "
                         "--workers 1: it binds its own listener)")
     return p
@@ -169,7 +189,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
     p = build_parser()
     a = p.parse_args(argv)
     try:
-        primary = _spec(a.model, a.served_model_name, a.tokenizer, a.chat_template, a.max_model_len)
+        primary = _spec(a.model, a.served_model_name, a.tokenizer, a.chat_template,
+                        a.max_model_len, a.revision)
     except argparse.ArgumentTypeError as e:
         p.error(str(e))
     models = (primary, *a.add_model)
@@ -202,3 +223,12 @@ def parse_args(argv: list[str]) -> ServerConfig:
         access_log=a.access_log,
         http_server=a.http_server,
     )
+
+
+def resolve_spec(spec: ModelSpec, progress: TextIO | None = sys.stderr) -> ModelSpec:
+    """``spec`` with its model (and tokenizer) as local directories, fetched when they are Hub
+    ids; the served name stays what the user typed."""
+    model = resolve_model(spec.model, spec.revision, progress)
+    tokenizer = (resolve_model(spec.tokenizer, spec.revision, progress)
+                 if spec.tokenizer is not None else None)
+    return replace(spec, model=model, tokenizer=tokenizer)

@@ -207,8 +207,10 @@ def _worker(cfg: ServerConfig, sock: socket.socket, shutdown_event: Any) -> None
     # interval (5 ms by default) each time the loop wants it back; 0.5 ms keeps /health fast.
     sys.setswitchinterval(cfg.switch_interval)
 
+    names = ", ".join(f"{m.served_model_name} ({m.model})" for m in cfg.models)
+
     def ready() -> None:
-        print(f"kvroute render: ready on {url} (pid {os.getpid()})", flush=True)
+        print(f"kvroute render: ready on {url} (pid {os.getpid()}), serving {names}", flush=True)
 
     app = create_app(cfg, on_ready=ready)
     opts = ServeOptions(server=cfg.http_server, backlog=1024, access_log=cfg.access_log)
@@ -264,7 +266,15 @@ def serve(cfg: ServerConfig) -> int:
 
 
 def cli(argv: list[str]) -> int:
+    from render.hub import ModelUnavailable
+    from render.service.config import resolve_spec
+
     cfg = parse_args(argv)
+    try:
+        cfg = replace(cfg, models=tuple(resolve_spec(m) for m in cfg.models))
+    except ModelUnavailable as e:
+        print(f"kvroute render: {e}", file=sys.stderr)
+        return 2
     try:
         return serve(cfg)
     except OSError as e:

@@ -177,8 +177,10 @@ def model_of(cfg: RouterConfig) -> ModelSpec:
         max_model_len=cfg.max_model_len)
 
 
-def create_app(cfg: RouterConfig) -> Starlette:
-    """The router app; its lifespan builds every socket, task and index and tears them down."""
+def create_app(cfg: RouterConfig,
+               on_ready: Callable[[RouterState], None] | None = None) -> Starlette:
+    """The router app; its lifespan builds every socket, task and index and tears them down.
+    ``on_ready(live)`` runs once the lifespan has built them, before the first request."""
     lifecycle = Lifecycle()
     spec = model_of(cfg)
     limits = RenderLimits(max_body_bytes=cfg.limits.max_body_bytes)
@@ -201,7 +203,8 @@ def create_app(cfg: RouterConfig) -> Starlette:
         await kv.start()
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
-        fleet = Fleet(client, kv, index, admission, cfg.engines)
+        fleet = Fleet(client, kv, index, admission, cfg.engines,
+                      max_model_len=min(r.max_model_len for r in models.registry))
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
@@ -219,6 +222,8 @@ def create_app(cfg: RouterConfig) -> Starlette:
         # each full collection re-scans it: ~70 ms pauses in the middle of streams. Freeze it.
         gc.collect()
         gc.freeze()
+        if on_ready is not None:
+            on_ready(st)
         try:
             yield {ROUTER_KEY: st, RENDER_KEY: render}
         finally:

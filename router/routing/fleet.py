@@ -40,8 +40,11 @@ class Fleet:
     """Keeps the prefix index and the KV subscriptions in step with the engines' health."""
 
     def __init__(self, client: EngineClient, kv: KVSubscriber, index: PrefixIndex,
-                 admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25) -> None:
+                 admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
+                 max_model_len: int | None = None) -> None:
         self.client = client
+        # The context length the router's render admits prompts to (None: not checked).
+        self.max_model_len = max_model_len
         self.kv = kv
         self.index = index
         self.admission = admission
@@ -92,9 +95,16 @@ class Fleet:
             if endpoints is not None and name not in self.subscribed:
                 self.kv.add_engine(endpoints)
                 self.subscribed.add(name)
+        engine_len = info.max_model_len if info is not None else None
         log.info("engine ready", extra={"engine": name, "block_size": block_size,
-                                        "adopted": eng.adopted,
+                                        "max_model_len": engine_len, "adopted": eng.adopted,
                                         "kv_events": name in self.subscribed})
+        if engine_len and self.max_model_len and engine_len < self.max_model_len:
+            # Prompts the router admits but the engine cannot hold would fail on the engine.
+            log.warning("engine max_model_len is below the router's: start the router with "
+                        "--max-model-len at most the engine's",
+                        extra={"engine": name, "max_model_len": engine_len,
+                               "router_max_model_len": self.max_model_len})
         self.admission.wake()
 
     def _restarted(self, name: str) -> None:
