@@ -116,13 +116,12 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
     class Server(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            if shutdown is None:
-                with super().capture_signals():
-                    yield
-            else:
-                # The caller owns the signals (the router flips readiness first). uvicorn has
-                # no setting for this; a no-op capture_signals is how vLLM's API server does it.
-                yield
+            # The caller owns the signals (the router flips readiness first), or `_stopping`
+            # below does: uvicorn's own capture re-raises the signal once it has shut down, so
+            # a clean SIGTERM would end the process as killed (-15) instead of exiting 0.
+            # uvicorn has no setting for this; a no-op capture_signals is how vLLM's API server
+            # does it.
+            yield
 
     config = uvicorn.Config(
         app,
@@ -146,7 +145,7 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
     def stop() -> None:
         server.should_exit = True
 
-    async with _stopping(shutdown, stop, own_signals=False):
+    async with _stopping(shutdown, stop, own_signals=True):
         await server.serve(sockets=[sock])
 
 
