@@ -65,6 +65,7 @@ def router_part(servers: list[str], a: argparse.Namespace) -> dict[str, dict[str
                    "token_in_paired_added_p50_ms": b["token_in_paired_added_p50_ms"],
                    "token_in_router_cpu_ms_per_request": b["token_in_router_cpu_ms_per_request"],
                    "sim_cpu_us_per_token": cpu["cpu_us_per_token"],
+                   "keepalive_reconnects": b["reconnects"],
                    "load_average_1m": os.getloadavg()[0]}
             runs[s].append(run)
             shown = json.dumps({k: round(v, 3) for k, v in run.items()})
