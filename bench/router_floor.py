@@ -30,7 +30,6 @@ from render.asgi_server import ServeOptions, bind_socket, serve_asgi  # noqa: E4
 from render.sampling import SamplingParams  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
 from router.engine_client import EngineClient  # noqa: E402
-from router.fleet import link_spec  # noqa: E402
 from router.wire import EngineCoreRequest  # noqa: E402
 
 FLOORS = ("raw", "hypercorn", "uvicorn")
@@ -111,7 +110,7 @@ def asgi_app(floor: Floor) -> Any:
 
 
 async def serve(server: str, engine: str, port: int) -> None:
-    client = EngineClient([link_spec(EngineSpec("e", engine))])
+    client = EngineClient([EngineSpec("e", engine)])
     await client.start()
     await client.wait_ready(60)
     floor = Floor(client)

@@ -124,7 +124,6 @@ async def _run(n: int, warmup: int, server: str) -> None:
     from render.sampling import SamplingParams
     from router.config import EngineSpec
     from router.engine_client import EngineClient
-    from router.fleet import link_spec
     from router.wire import EngineCoreRequest
 
     tmp = Path(tempfile.mkdtemp(prefix="kvr-stages-"))
@@ -135,7 +134,7 @@ async def _run(n: int, warmup: int, server: str) -> None:
     router, port = start_router_flags(
         ["--http-server", server, "--engine", f"r=ipc://{tmp}/r.hs"],
         launcher=[PY, __file__, "--serve"], env={**os.environ, "STAGES_OUT": str(out)})
-    client = EngineClient([link_spec(EngineSpec("d", f"ipc://{tmp}/d.hs"))])
+    client = EngineClient([EngineSpec("d", f"ipc://{tmp}/d.hs")])
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         await client.start()

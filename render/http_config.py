@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from render.asgi_server import DEFAULT_SERVER, SERVERS
+from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 
-EMBEDDED_MODEL = Path(__file__).resolve().parent / "models" / "qwen3"
-EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
 DEFAULT_PORT = 8100
 # Bodies up to this many bytes always render on the event loop (~2k tokens). Bigger ones render
 # there too while the model's observed cost predicts at most the inline budget below, else on a
@@ -91,7 +90,7 @@ def _spec(
             f"max_model_len must be a positive integer, not {max_len!r}"
         )
     if name is None:
-        name = EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL else str(model)
+        name = served_name(model)
     return ModelSpec(
         model=model,
         served_model_name=name,

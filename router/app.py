@@ -31,10 +31,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radix import PrefixIndex
 from render import server as render_server
-from render.http_config import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, ModelSpec, ServerConfig
+from render.http_config import ModelSpec, ServerConfig
 from render.http_errors import EXCEPTION_HANDLERS, error_response
 from render.http_metrics import RenderMetrics
 from render.loading import Codecs, load_models
+from render.models import served_name
 from render.protocol import GenerateRequest
 from router import handlers
 from router.admission import Admission, Overloaded
@@ -43,7 +44,7 @@ from router.detokenize import TokenDecoder
 from router.dispatch import Dispatcher
 from router.engine_client import EngineClient, EngineLinkError, EngineStatus
 from router.fast_path import FastPath
-from router.fleet import Fleet, link_spec
+from router.fleet import Fleet
 from router.kv_subscriber import KVSubscriber
 from router.metrics import RouterMetrics
 from router.policy import Policy
@@ -212,8 +213,7 @@ def _engine_snapshot(client: EngineClient) -> Callable[[], dict[str, dict[str, f
 def render_config(cfg: RouterConfig) -> ServerConfig:
     """The in-process render's config, with `kvroute render`'s served-name rule."""
     model = Path(cfg.model)
-    name = cfg.served_model_name or (
-        EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL else str(model))
+    name = cfg.served_model_name or served_name(model)
     spec = ModelSpec(
         model=model,
         served_model_name=name,
@@ -239,8 +239,7 @@ def create_app(cfg: RouterConfig) -> Starlette:
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient([link_spec(e) for e in cfg.engines],
-                              dead_after=cfg.limits.engine_dead_after)
+        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after)
         await client.start()
         kv = KVSubscriber(index)
         await kv.start()

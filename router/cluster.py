@@ -17,10 +17,11 @@ import httpx
 import msgspec
 
 from render.asgi_server import DEFAULT_SERVER, bind_socket
+from render.models import EMBEDDED_MODEL
 from router.config import EngineSpec, Limits, RouterConfig
 from router.main import serve
 from router.policy import PolicyConfig
-from router.sim.config import KVEventsConfig, default_model_dir
+from router.sim.config import KVEventsConfig
 from router.sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
 
@@ -99,7 +100,7 @@ class LocalCluster:
             raise RuntimeError(f"router did not start: {self._error!r}")
         tokens = None
         if not self.options.processes and not self.options.external:
-            tokens = TokenTable.from_model_dir(default_model_dir())
+            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
         if not self.options.external:
             for name in self.names:
                 self.start_engine(name, tokens)
@@ -114,7 +115,7 @@ class LocalCluster:
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:
-            tokens = tokens or TokenTable.from_model_dir(default_model_dir())
+            tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
                                                   **self.options.sim)
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from render.asgi_server import DEFAULT_SERVER, SERVERS
+from render.models import EMBEDDED_MODEL
 from router.policy import POLICIES, PolicyConfig
-
-EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
 
 
 class ConfigError(ValueError):
@@ -37,6 +36,22 @@ class EngineSpec:
     advertise_host: str | None = None
     # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
     block_size: int | None = None
+
+    @property
+    def input_address(self) -> str:
+        """The input socket's bind address: ``input``, else beside the handshake."""
+        return self.input or self._beside(".in")
+
+    @property
+    def output_address(self) -> str:
+        """The output socket's bind address: ``output``, else beside the handshake."""
+        return self.output or self._beside(".out")
+
+    def _beside(self, suffix: str) -> str:
+        # Same host as the handshake, a kernel-chosen port (a TCP port 0 is resolved at bind time).
+        if self.handshake.startswith("ipc://"):
+            return self.handshake + suffix
+        return self.handshake.rsplit(":", 1)[0] + ":0"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from router.config import EngineSpec
 from router.engine_errors import (
     EngineDeadError,
     EngineLinkError,
@@ -31,7 +32,7 @@ from router.engine_errors import (
     UtilityCallError,
 )
 from router.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
-from router.engine_state import EngineSpec, EngineState, EngineStatus
+from router.engine_state import EngineState, EngineStatus
 from router.request_stream import RequestStream
 from router.wire import (
     ENGINE_CORE_DEAD,
@@ -178,7 +179,7 @@ class EngineClient:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
         try:
-            handshake.bind(spec.handshake_address)
+            handshake.bind(spec.handshake)
             inp.bind(spec.input_address)
             out.bind(spec.output_address)
         except zmq.ZMQError as e:

@@ -111,9 +111,9 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
     port = free_tcp_port()
     spec = EngineSpec(
         name=name,
-        handshake_address=f"tcp://127.0.0.1:{port}",
-        input_address=f"ipc://{workdir}/{name}-in",
-        output_address=f"ipc://{workdir}/{name}-out",
+        handshake=f"tcp://127.0.0.1:{port}",
+        input=f"ipc://{workdir}/{name}-in",
+        output=f"ipc://{workdir}/{name}-out",
     )
     kv_config = {
         "enable_kv_cache_events": True,

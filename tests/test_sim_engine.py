@@ -14,10 +14,11 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from render.models import EMBEDDED_MODEL
 from render.sampling import SamplingParams
 from router import wire
 from router.ndarrays import decode_logprobs
-from router.sim.config import KVEventsConfig, default_model_dir
+from router.sim.config import KVEventsConfig
 from router.sim.launch import SimEngineThread, sim_engines, spawn_sim_engine, start_sim_engine
 from router.sim.tokens import TokenTable
 
@@ -283,7 +284,7 @@ def test_outputs_are_deterministic_for_greedy_and_seeded_requests(sim: Harness) 
 def test_default_token_table_emits_decodable_words() -> None:
     from tokenizers import Tokenizer
 
-    model = default_model_dir()
+    model = EMBEDDED_MODEL
     table = TokenTable.from_model_dir(model)
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     assert set(table.eos_token_ids) == {151645, 151643}
@@ -858,7 +859,7 @@ def _eviction_run(ctx: zmq.Context[zmq.Socket[bytes]], kind: str, workdir: Path)
     eng.argv += ["--num-gpu-blocks-override", "9"]
     fe = Frontend.__new__(Frontend)
     fe.ctx, fe.in_addr, fe.out_addr = ctx, eng.spec.input_address, eng.spec.output_address
-    fe.hs_addr = eng.spec.handshake_address
+    fe.hs_addr = eng.spec.handshake
     fe.enc = msgspec.msgpack.Encoder(enc_hook=wire.enc_hook)
     fe.dec = msgspec.msgpack.Decoder(wire.EngineCoreOutputs, ext_hook=wire.ext_hook)
     fe.aux, fe.identity, fe.ready = {}, b"", {}

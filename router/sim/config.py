@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 
+from render.models import EMBEDDED_MODEL
 from router.sim.tokens import TokenTable
 
 # vLLM's HANDSHAKE_TIMEOUT_MINS.
@@ -80,13 +81,6 @@ class SimConfig:
         return self.data_parallel_rank.to_bytes(2, "little")
 
 
-def default_model_dir() -> Path:
-    """The Qwen3 tokenizer embedded in the package (render/models/qwen3)."""
-    import render.models
-
-    return Path(render.models.__file__).parent / "qwen3"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvroute sim-engine",
@@ -147,7 +141,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         eos = tuple(ns.eos_token_id or ())
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
     else:
-        tokens = TokenTable.from_model_dir(ns.model or default_model_dir())
+        tokens = TokenTable.from_model_dir(ns.model or EMBEDDED_MODEL)
         if ns.eos_token_id:
             tokens = TokenTable(tokens.ids, tokens.vocab_size, tuple(ns.eos_token_id))
     kv = (
