@@ -50,10 +50,6 @@ class ServerConfig:
     http_server: str = DEFAULT_HTTP_SERVER
     switch_interval: float = 0.0005
 
-    @property
-    def default_model(self) -> str:
-        return self.models[0].served_model_name
-
 
 SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len"}
 

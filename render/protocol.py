@@ -24,8 +24,7 @@ TokenId = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=1024)]
 
-# Part types vLLM parses as text, and the media types it would hand to a multimodal processor.
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+# The content part types vLLM would hand to a multimodal processor.
 MEDIA_PART_TYPES = frozenset(
     {
         "image_url",

@@ -61,7 +61,6 @@ class Limits:
     queue_timeout: float = 30.0  # seconds a request may wait for a slot before 503
     retry_after: int = 1  # seconds, for 429/503 answers
     max_body_bytes: int = 16 * 1024 * 1024
-    engine_ready_timeout: float = 600.0  # handshake wait at start (real engines load for minutes)
     drain_timeout: float = 30.0  # graceful shutdown: streams get this long to finish
     max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
     # An engine silent this long while it has requests is dead (its streams end with an error).
@@ -79,8 +78,6 @@ class RouterConfig:
     max_model_len: int | None = None
     render_url: str | None = None  # remote render service instead of the in-process Renderer
     engines: tuple[EngineSpec, ...] = ()
-    # A handshake address where engines may join at run time (each HELLO becomes a new engine).
-    join_address: str | None = None
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
@@ -162,7 +159,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT]",
         help="a headless engine's handshake address (repeatable)",
     )
-    parser.add_argument("--join-address", help="handshake address where engines may join later")
     parser.add_argument("--policy", choices=POLICIES)
     parser.add_argument("--load-weight", type=float)
     parser.add_argument("--request-tokens", type=float)
@@ -204,7 +200,7 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
 def from_args(args: argparse.Namespace) -> RouterConfig:
     data: dict[str, Any] = load_file(args.config) if args.config else {}
     for key in ("host", "port", "model", "served_model_name", "tokenizer", "chat_template",
-                "max_model_len", "render_url", "join_address", "api_key", "log_level",
+                "max_model_len", "render_url", "api_key", "log_level",
                 "http_server"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)

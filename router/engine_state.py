@@ -127,10 +127,5 @@ class EngineState:
     def num_in_flight(self) -> int:
         return len(self.in_flight)
 
-    @property
-    def handshake_port(self) -> int:
-        """The TCP port to pass to the engine as ``--data-parallel-rpc-port``."""
-        return int(self.handshake_endpoint.rsplit(":", 1)[1])
-
     def sockets(self) -> tuple[zmq.asyncio.Socket, ...]:
         return (self.handshake, self.input, self.output)

@@ -12,8 +12,9 @@ none configured the text passes through untouched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import NamedTuple, Protocol
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -37,6 +38,8 @@ from router.openai_types import (
 )
 from router.stop import StopChecker
 from router.wire import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
+
+T = TypeVar("T")
 
 CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
 
@@ -405,37 +408,52 @@ def _rows(out: EngineCoreOutput) -> LogprobRows | None:
     return None if out.new_logprobs is None else rows_of(out.new_logprobs)
 
 
-async def merge(streams: Sequence[AsyncIterator[EngineCoreOutput]]) -> AsyncIterator[
-        tuple[int, EngineCoreOutput]]:
-    """The outputs of n choices as (index, output) in arrival order; the first error wins."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    queue: asyncio.Queue[tuple[int, EngineCoreOutput | None, BaseException | None]] = (
-        asyncio.Queue())
+async def interleave(streams: Iterable[tuple[int, AsyncIterator[T]]],
+                     arrived: deque[tuple[int, T]] | None = None,
+                     ) -> AsyncIterator[tuple[int, T]]:
+    """The outputs of n choices' streams, each ``(index, stream)``, as (index, output) in
+    arrival order; the first error wins. ``arrived`` holds what came and is not yet yielded
+    (a caller may seed it, and look whether an output waits without awaiting one)."""
+    merged: deque[tuple[int, T]] = deque() if arrived is None else arrived
+    wake: list[asyncio.Future[None] | None] = [None]
+    failure: list[BaseException] = []
+    running = 0
 
-    async def pump(i: int, it: AsyncIterator[EngineCoreOutput]) -> None:
+    def notify() -> None:
+        fut = wake[0]
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        nonlocal running
         try:
-            async for out in it:
-                queue.put_nowait((i, out, None))
-        except Exception as exc:  # handed to the consumer, which re-raises it
-            queue.put_nowait((i, None, exc))
-        else:
-            queue.put_nowait((i, None, None))
+            async for out in stream:
+                merged.append((i, out))
+                notify()
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            failure.append(exc)
+            raise
+        finally:
+            running -= 1
+            notify()
 
-    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
+    tasks = [asyncio.ensure_future(pump(i, it)) for i, it in streams]
+    running = len(tasks)
     try:
-        live = len(tasks)
-        while live:
-            i, item, exc = await queue.get()
-            if exc is not None:
-                raise exc
-            if item is None:
-                live -= 1
+        while True:
+            if merged:
+                yield merged.popleft()
+            elif failure:
+                raise failure[0]
+            elif not running:
+                return
             else:
-                yield i, item
+                fut = wake[0] = asyncio.get_running_loop().create_future()
+                try:
+                    await fut
+                finally:
+                    wake[0] = None
     finally:
-        for t in tasks:
-            t.cancel()
+        for task in tasks:
+            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
