@@ -11,7 +11,6 @@ vLLM's own frontend would make it stop. Stop strings are kept (vllm-rs drops the
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import msgspec
@@ -24,6 +23,7 @@ from render.sampling import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from render.sampling_checks import check_sampling
 
 # Keys vLLM takes from generation_config.json (``ModelConfig.get_diff_sampling_param``).
 GENERATION_DEFAULT_KEYS = (
@@ -109,51 +109,6 @@ def _structured_outputs(
     if structured is None:
         return StructuredOutputsParams(**override)
     return msgspec.structs.replace(structured, **override)
-
-
-def _check(req: ChatCompletionRequest | CompletionRequest, sp: SamplingParams) -> None:
-    def bad(msg: str, param: str) -> BadRequestError:
-        return BadRequestError(msg, param)
-
-    if not -2.0 <= sp.presence_penalty <= 2.0:
-        raise bad(
-            f"presence_penalty must be in [-2, 2], got {sp.presence_penalty}.", "presence_penalty"
-        )
-    if not -2.0 <= sp.frequency_penalty <= 2.0:
-        raise bad(
-            f"frequency_penalty must be in [-2, 2], got {sp.frequency_penalty}.",
-            "frequency_penalty",
-        )
-    if not math.isfinite(sp.repetition_penalty) or sp.repetition_penalty <= 0.0:
-        raise bad(
-            f"repetition_penalty must be a finite number greater than zero, got "
-            f"{sp.repetition_penalty}.",
-            "repetition_penalty",
-        )
-    if not math.isfinite(sp.temperature) or not 0.0 <= sp.temperature <= 2.0:
-        raise bad(f"temperature must be in [0, 2], got {sp.temperature}.", "temperature")
-    if not 0.0 < sp.top_p <= 1.0:
-        raise bad(f"top_p must be in (0, 1], got {sp.top_p}.", "top_p")
-    if sp.top_k < -1:
-        raise bad(f"top_k must be 0 (disable), or at least 1, got {sp.top_k}.", "top_k")
-    if not 0.0 <= sp.min_p <= 1.0:
-        raise bad(f"min_p must be in [0, 1], got {sp.min_p}.", "min_p")
-    if sp.max_tokens is not None and sp.max_tokens < 1:
-        raise bad(f"max_tokens must be at least 1, got {sp.max_tokens}.", "max_tokens")
-    if sp.max_tokens is not None and sp.min_tokens > sp.max_tokens:
-        raise bad(
-            f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, got "
-            f"{sp.min_tokens}.",
-            "min_tokens",
-        )
-    if sp.stop and any(not s for s in sp.stop):
-        raise bad("stop cannot contain an empty string.", "stop")
-    if sp.bad_words and any(not w for w in sp.bad_words):
-        raise bad(
-            f"bad_words cannot contain an empty string. Got bad_words={sp.bad_words}", "bad_words"
-        )
-    if req.stream_options is not None and not req.stream:
-        raise bad("Stream options can only be defined when `stream=True`.", "stream_options")
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
@@ -255,7 +210,10 @@ def build_sampling_params(
         thinking_token_budget=req.thinking_token_budget,
         routed_experts_prompt_start=req.routed_experts_prompt_start,
     )
-    _check(req, sp)
+    check_sampling(sp)
+    if req.stream_options is not None and not req.stream:
+        raise BadRequestError("Stream options can only be defined when `stream=True`.",
+                              "stream_options")
     if stop and not sp.include_stop_str_in_output:
         sp.output_text_buffer_length = max(len(s) for s in stop) - 1
     if sp.temperature < _SAMPLING_EPS:

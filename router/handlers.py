@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest
-from render.sampling import SamplingParams
+from render.sampling_checks import check_sampling
 from render.server import json_response, read_body, render_in
 from router.config import EngineSpec
 from router.dispatch import Routed
@@ -246,7 +246,7 @@ async def open_generate(st: Any, receive: Receive, body: bytes,
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
     if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
         raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
-    check_sampling(gen.sampling_params)
+    check_sampling(gen.sampling_params, "sampling_params.")
     if len(gen.token_ids) >= renderer.max_model_len:
         raise BadRequestError(
             f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
@@ -258,33 +258,6 @@ async def open_generate(st: Any, receive: Receive, body: bytes,
                        st.decoders[renderer.served_model_name])
     resp.arrival = arrival
     return resp
-
-
-def check_sampling(sp: SamplingParams) -> None:
-    """vLLM's SamplingParams._verify_args essentials: token-in requests skip render's mapping."""
-    max_tokens = sp.max_tokens
-    if not 1 <= sp.n <= 1024:
-        _refuse("n must be within [1, 1024]", "n")
-    if max_tokens is not None and max_tokens < 1:
-        _refuse("max_tokens must be at least 1", "max_tokens")
-    if not 0 <= sp.min_tokens <= (max_tokens if max_tokens is not None else sp.min_tokens):
-        _refuse("min_tokens must be within [0, max_tokens]", "min_tokens")
-    if not sp.temperature >= 0:  # NaN is refused too
-        _refuse("temperature must be non-negative", "temperature")
-    if not 0 < sp.top_p <= 1:
-        _refuse("top_p must be in (0, 1]", "top_p")
-    if sp.top_k < -1:
-        _refuse("top_k must be -1 (disable) or at least 1", "top_k")
-    if not 0 <= sp.min_p <= 1:
-        _refuse("min_p must be in [0, 1]", "min_p")
-    if sp.logprobs is not None and sp.logprobs < -1:
-        _refuse("logprobs must be non-negative or -1", "logprobs")
-    if sp.prompt_logprobs is not None and sp.prompt_logprobs < -1:
-        _refuse("prompt_logprobs must be non-negative or -1", "prompt_logprobs")
-
-
-def _refuse(message: str, param: str) -> NoReturn:
-    raise BadRequestError(message, f"sampling_params.{param}")
 
 
 async def abort_requests(request: Request) -> Response:
