@@ -28,3 +28,14 @@ def test_dependency_direction(package: str) -> None:
         for path in (ROOT / package).rglob("*.py")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_packages_never_import_transformers() -> None:
+    """transformers is in the test extra only (tests and scripts use it as a reference)."""
+    users = [
+        str(path.relative_to(ROOT))
+        for package in ("radix", "render", "router")
+        for path in (ROOT / package).rglob("*.py")
+        if "transformers" in _imported_top_levels(path)
+    ]
+    assert users == []
