@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from render.asgi_server import DEFAULT_SERVER, SERVERS
@@ -156,18 +156,6 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--render-processes", a.render_processes, 0), ("--port", a.port, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
-    return ServerConfig(
-        models=models,
-        host=a.host,
-        port=a.port,
-        workers=a.workers,
-        max_body_bytes=a.max_body_bytes,
-        allow_request_chat_template=a.allow_request_chat_template,
-        offload_bytes=a.offload_bytes,
-        inline_budget_ms=a.inline_budget_ms,
-        inline_max_bytes=a.inline_max_bytes,
-        render_threads=a.render_threads,
-        render_processes=a.render_processes,
-        access_log=a.access_log,
-        http_server=a.http_server,
-    )
+    # Every other field has a flag of its name (switch_interval has none: it keeps its default).
+    flags = {f.name: getattr(a, f.name) for f in fields(ServerConfig) if hasattr(a, f.name)}
+    return ServerConfig(**{**flags, "models": models})

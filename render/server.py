@@ -40,7 +40,6 @@ from render.http_errors import EXCEPTION_HANDLERS, BodyTooLarge
 from render.http_metrics import MetricsMiddleware, RenderMetrics
 from render.loading import Codecs, find_model, load_models
 from render.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
-from render.protocol import GenerateRequest
 
 T = TypeVar("T")
 JSON = "application/json"
@@ -164,54 +163,42 @@ async def offloaded(request: Request, path: str, body: bytes) -> Response | None
     return Response(done.payload, media_type=JSON)
 
 
-async def chat_render(request: Request) -> Response:
+async def _render_endpoint(request: Request, path: str, decoder: Callable[[Any], Any],
+                           method: Callable[[Renderer], Callable[[Any], T]],
+                           prompt_tokens: Callable[[T], int] | None = None) -> Response:
+    """Read the body, let a helper process answer it if it is big, else decode it and run
+    ``method`` of the model it names; ``prompt_tokens`` counts what a render produced."""
     st = request.state
     body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, CHAT, body)) is not None:
+    if (answer := await offloaded(request, path, body)) is not None:
         return answer
-    req = st.codecs.chat.decode(body)
+    req = decoder(st.codecs).decode(body)
     renderer = st.models.get(req.model)
-    out: GenerateRequest = await run_render(
-        request, renderer, len(body), partial(renderer.render_chat, array=True), req
-    )
-    st.metrics.add_prompt_tokens(renderer.served_model_name, len(out.token_ids))
+    out = await run_render(request, renderer, len(body), method(renderer), req)
+    if prompt_tokens is not None:
+        st.metrics.add_prompt_tokens(renderer.served_model_name, prompt_tokens(out))
     return json_response(request, out)
+
+
+async def chat_render(request: Request) -> Response:
+    return await _render_endpoint(request, CHAT, lambda c: c.chat,
+                                  lambda r: partial(r.render_chat, array=True),
+                                  lambda out: len(out.token_ids))
 
 
 async def completion_render(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, COMPLETIONS, body)) is not None:
-        return answer
-    req = st.codecs.completion.decode(body)
-    renderer = st.models.get(req.model)
-    outs: list[GenerateRequest] = await run_render(
-        request, renderer, len(body), renderer.render_completion, req
-    )
-    st.metrics.add_prompt_tokens(renderer.served_model_name, sum(len(o.token_ids) for o in outs))
-    return json_response(request, outs)
+    return await _render_endpoint(request, COMPLETIONS, lambda c: c.completion,
+                                  lambda r: r.render_completion,
+                                  lambda outs: sum(len(o.token_ids) for o in outs))
 
 
 async def tokenize_endpoint(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, TOKENIZE, body)) is not None:
-        return answer
-    req = st.codecs.tokenize.decode(body)
-    renderer = st.models.get(req.model)
-    out = await run_render(request, renderer, len(body), renderer.tokenize, req)
-    return json_response(request, out)
+    return await _render_endpoint(request, TOKENIZE, lambda c: c.tokenize, lambda r: r.tokenize)
 
 
 async def detokenize_endpoint(request: Request) -> Response:
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    if (answer := await offloaded(request, DETOKENIZE, body)) is not None:
-        return answer
-    req = st.codecs.detokenize.decode(body)
-    renderer = st.models.get(req.model)
-    out = await run_render(request, renderer, len(body), renderer.detokenize, req)
-    return json_response(request, out)
+    return await _render_endpoint(request, DETOKENIZE, lambda c: c.detokenize,
+                                  lambda r: r.detokenize)
 
 
 async def list_models(request: Request) -> Response:

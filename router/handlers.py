@@ -137,22 +137,35 @@ async def _give_back(st: Any, result: object) -> None:
         st.dispatcher.done(routed)
 
 
-async def chat_completions(request: Request) -> Any:
-    arrival = time.perf_counter()
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    return await open_chat(st, request.receive, body, arrival)
+Opener = Callable[[Any, Receive, bytes, float], Awaitable[EngineResponse]]
+
+
+def _endpoint(open_body: Opener) -> Callable[[Request], Awaitable[EngineResponse]]:
+    """The Starlette endpoint of an opener: timed from arrival, the body read first."""
+    async def endpoint(request: Request) -> EngineResponse:
+        arrival = time.perf_counter()
+        st = request.state
+        body = await read_body(request, st.config.max_body_bytes)
+        return await open_body(st, request.receive, body, arrival)
+
+    endpoint.__doc__ = open_body.__doc__
+    return endpoint
+
+
+async def _rendered(st: Any, body: bytes, renderer: Any, remote: Any, local: Any,
+                    req: Any) -> Any:
+    """``local(req)`` on this process's renderer, or ``remote(body)`` on the render service."""
+    if st.remote is not None:
+        return await remote(body)
+    return await render_in(st.models, st.config, st.pool, renderer, len(body), local, req)
 
 
 async def open_chat(st: Any, receive: Receive, body: bytes, arrival: float) -> EngineResponse:
     """A read chat completions body: render, route, open; its answer is the returned app."""
     req = st.codecs.chat.decode(body)
     renderer = st.models.get(req.model)
-    if st.remote is not None:
-        gen = await st.remote.render_chat(body)
-    else:
-        gen = await render_in(st.models, st.config, st.pool, renderer, len(body),
-                              renderer.render_chat, req)
+    gen = await _rendered(st, body, renderer, st.remote and st.remote.render_chat,
+                          renderer.render_chat, req)
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  return_token_ids=bool(req.return_token_ids))
     return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
@@ -167,23 +180,13 @@ async def _answer(st: Any, receive: Receive, gen: Any, spec: Any, stream: bool,
     return resp
 
 
-async def completions(request: Request) -> Any:
-    arrival = time.perf_counter()
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    return await open_completion(st, request.receive, body, arrival)
-
-
 async def open_completion(st: Any, receive: Receive, body: bytes,
                           arrival: float) -> EngineResponse:
     """A read completions body: render (one or several prompts), route, open."""
     req = st.codecs.completion.decode(body)
     renderer = st.models.get(req.model)
-    if st.remote is not None:
-        gens = await st.remote.render_completion(body)
-    else:
-        gens = await render_in(st.models, st.config, st.pool, renderer, len(body),
-                               renderer.render_completion, req)
+    gens = await _rendered(st, body, renderer, st.remote and st.remote.render_completion,
+                           renderer.render_completion, req)
     specs = [
         _spec(COMPLETION, gen, renderer.served_model_name,
               echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
@@ -228,17 +231,10 @@ async def _answer_prompts(st: Any, receive: Receive, gens: list[GenerateRequest]
     return resp
 
 
-async def generate(request: Request) -> Any:
-    """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text) out."""
-    arrival = time.perf_counter()
-    st = request.state
-    body = await read_body(request, st.config.max_body_bytes)
-    return await open_generate(st, request.receive, body, arrival)
-
-
 async def open_generate(st: Any, receive: Receive, body: bytes,
                         arrival: float) -> EngineResponse:
-    """A read token-in body: decode and check it, route, open."""
+    """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text)
+    out. The read body: decode and check it, route, open."""
     gen = st.generate_decoder.decode(body)
     renderer = st.models.get(gen.model)
     vocab = renderer.vocab_size
@@ -258,6 +254,11 @@ async def open_generate(st: Any, receive: Receive, body: bytes,
                        st.decoders[renderer.served_model_name])
     resp.arrival = arrival
     return resp
+
+
+chat_completions = _endpoint(open_chat)
+completions = _endpoint(open_completion)
+generate = _endpoint(open_generate)
 
 
 async def abort_requests(request: Request) -> Response:
