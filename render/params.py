@@ -143,35 +143,7 @@ def build_sampling_params(
         name: (v if (v := getattr(req, name)) is not None else defaults.get(name, d))
         for name, d in _OPENAI_DEFAULTS.items()
     }
-    stop_token_ids = list(req.stop_token_ids or [])
-    if default_stop := defaults.get("stop_token_ids"):
-        stop_token_ids = list(dict.fromkeys([*stop_token_ids, *default_stop]))
-    if isinstance(req, ChatCompletionRequest):
-        logprobs = req.top_logprobs if req.logprobs and not req.logprob_token_ids else None
-        prompt_logprobs = req.prompt_logprobs
-        if prompt_logprobs is None and req.echo:
-            prompt_logprobs = req.top_logprobs
-        if req.logprob_token_ids and not req.logprobs:
-            raise BadRequestError(
-                "when using `logprob_token_ids`, `logprobs` must be set to true.",
-                "logprob_token_ids",
-            )
-        if req.top_logprobs and not req.logprobs:
-            raise BadRequestError(
-                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
-            )
-        final_max = max_tokens
-    else:
-        logprobs = None if req.logprob_token_ids else req.logprobs
-        prompt_logprobs = req.prompt_logprobs
-        if prompt_logprobs is None and req.echo:
-            prompt_logprobs = req.logprobs
-        final_max = 1 if (req.echo and req.max_tokens == 0) else max_tokens
-    extra_args: dict[str, Any] = dict(req.vllm_xargs or {})
-    if req.kv_transfer_params:
-        extra_args["kv_transfer_params"] = req.kv_transfer_params
-    if req.ec_transfer_params:
-        extra_args["ec_transfer_params"] = req.ec_transfer_params
+    logprobs, prompt_logprobs, final_max = _logprob_fields(req, max_tokens)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     temperature = float(values["temperature"])
     if 0 < temperature < _MAX_TEMP:
@@ -188,7 +160,7 @@ def build_sampling_params(
         min_p=float(values["min_p"]),
         seed=None if req.seed == -1 else req.seed,
         stop=stop,
-        stop_token_ids=list(dict.fromkeys(stop_token_ids)),
+        stop_token_ids=_stop_token_ids(req, defaults),
         ignore_eos=req.ignore_eos,
         max_tokens=final_max,
         min_tokens=req.min_tokens,
@@ -203,7 +175,7 @@ def build_sampling_params(
         structured_outputs=_structured_outputs(req.structured_outputs, req.response_format),
         logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=req.allowed_token_ids,
-        extra_args=extra_args or None,
+        extra_args=_extra_args(req),
         bad_words=list(dict.fromkeys(req.bad_words or [])),
         skip_clone=True,
         repetition_detection=req.repetition_detection,
@@ -214,13 +186,59 @@ def build_sampling_params(
     if req.stream_options is not None and not req.stream:
         raise BadRequestError("Stream options can only be defined when `stream=True`.",
                               "stream_options")
-    if stop and not sp.include_stop_str_in_output:
-        sp.output_text_buffer_length = max(len(s) for s in stop) - 1
+    _post_init(sp)
+    _fill_stop_ids(sp, generation_config, eos_token_id)
+    return sp
+
+
+def _logprob_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: int
+                    ) -> tuple[int | None, int | None, int]:
+    """(logprobs, prompt_logprobs, max_tokens) as chat and completions requests name them."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.logprob_token_ids and not req.logprobs:
+            raise BadRequestError(
+                "when using `logprob_token_ids`, `logprobs` must be set to true.",
+                "logprob_token_ids",
+            )
+        if req.top_logprobs and not req.logprobs:
+            raise BadRequestError(
+                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+            )
+        logprobs = req.top_logprobs if req.logprobs and not req.logprob_token_ids else None
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and req.echo:
+            prompt_logprobs = req.top_logprobs
+        return logprobs, prompt_logprobs, max_tokens
+    logprobs = None if req.logprob_token_ids else req.logprobs
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.logprobs
+    return logprobs, prompt_logprobs, 1 if (req.echo and req.max_tokens == 0) else max_tokens
+
+
+def _stop_token_ids(req: ChatCompletionRequest | CompletionRequest,
+                    defaults: dict[str, Any]) -> list[int]:
+    """The request's stop token ids, then the model's default ones, each once."""
+    return list(dict.fromkeys([*(req.stop_token_ids or []),
+                               *(defaults.get("stop_token_ids") or [])]))
+
+
+def _extra_args(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any] | None:
+    extra_args: dict[str, Any] = dict(req.vllm_xargs or {})
+    if req.kv_transfer_params:
+        extra_args["kv_transfer_params"] = req.kv_transfer_params
+    if req.ec_transfer_params:
+        extra_args["ec_transfer_params"] = req.ec_transfer_params
+    return extra_args or None
+
+
+def _post_init(sp: SamplingParams) -> None:
+    """The rest of ``SamplingParams.__post_init__`` once the checks passed."""
+    if sp.stop and not sp.include_stop_str_in_output:
+        sp.output_text_buffer_length = max(len(s) for s in sp.stop) - 1
     if sp.temperature < _SAMPLING_EPS:
         sp.top_p, sp.top_k, sp.min_p = 1.0, 0, 0.0
     sp.skip_reading_prefix_cache = sp.prompt_logprobs is not None
-    _fill_stop_ids(sp, generation_config, eos_token_id)
-    return sp
 
 
 def _fill_stop_ids(

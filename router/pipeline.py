@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -36,7 +36,7 @@ from router.openai_types import (
     PromptTokensDetails,
     Usage,
 )
-from router.stop import StopChecker
+from router.stop import StopChecker, StopMatch
 from router.wire import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
 
 T = TypeVar("T")
@@ -286,6 +286,7 @@ class Pipeline:
 
     def _feed(self, choice: _Choice, index: int, out: EngineCoreOutput
               ) -> tuple[Chunk | None, bool]:
+        """Any engine output: errors, the first and last ones, several tokens, n > 1."""
         if choice.finished:
             return None, False  # e.g. the engine's last step raced our stop-string abort
         choice.fresh = False
@@ -295,11 +296,8 @@ class Pipeline:
         if engine_finish == FinishReason.ERROR:
             raise EngineOutputError("The engine failed while generating this request.")
         if self.cached_tokens is None and out.prefill_stats is not None:
-            cached = out.prefill_stats.get("num_cached_tokens")
-            if isinstance(cached, int):
-                self.cached_tokens = cached
+            self._note_prefill(out.prefill_stats)
         ids = out.new_token_ids
-        spec = self.spec
         finish: str | None = None
         stop_reason = out.stop_reason
         abort = False
@@ -309,25 +307,15 @@ class Pipeline:
             # vLLM leaves the EOS / stop-token text out unless include_stop_str_in_output.
             n_text = len(ids)
             if (engine_finish == FinishReason.STOP and n_text
-                    and not spec.include_stop_str_in_output):
+                    and not self.spec.include_stop_str_in_output):
                 n_text -= 1
-            stop = choice.stop
-            if stop.active:
-                pieces = [detok.step(ids[i]) for i in range(n_text)]
-                if engine_finish is not None and (tail := detok.flush()):
-                    # Withheld bytes belong to the last token, not to a token of their own.
-                    if pieces:
-                        pieces[-1] += tail
-                    else:
-                        pieces.append(tail)
-                text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
+            if choice.stop.active:
+                text, match = self._stop_text(choice, detok, ids, n_text, engine_finish)
                 if match is not None:
                     if match.num_tokens_kept < len(ids):
                         ids = ids[: match.num_tokens_kept]
                     finish, stop_reason = "stop", match.stop
                     abort = engine_finish is None
-                elif engine_finish is not None:
-                    text += stop.finish()
             else:
                 step = detok.step
                 text = "".join([step(ids[i]) for i in range(n_text)]) if n_text != 1 else step(
@@ -341,18 +329,47 @@ class Pipeline:
             choice.finished = True
         if not text and finish is None and not (ids and self._ids_matter):
             return None, False
-        if spec.kind == CHAT:
+        kind = self.spec.kind
+        if kind == CHAT:
             return self._chat(index, choice, out, ids, text, finish, stop_reason), abort
-        if spec.kind == COMPLETION:
-            lp = choice.logprobs
-            choice_obj = CompletionChoice(
-                index, text,
-                lp.completion(ids, _rows(out)) if lp is not None else None,
-                finish, stop_reason, list(ids) if spec.return_token_ids else None)
-            usage = self.usage(index) if spec.continuous_usage else None
-            return Completion(id=spec.request_id, created=spec.created, model=spec.model,
-                              choices=[choice_obj], usage=usage), abort
+        if kind == COMPLETION:
+            return self._completion(index, choice, out, ids, text, finish, stop_reason), abort
         return self._generate(index, choice, out, ids, text, finish, stop_reason), abort
+
+    def _note_prefill(self, prefill_stats: dict[str, Any]) -> None:
+        cached = prefill_stats.get("num_cached_tokens")
+        if isinstance(cached, int):
+            self.cached_tokens = cached
+
+    @staticmethod
+    def _stop_text(choice: _Choice, detok: Detokenizer, ids: Sequence[int], n_text: int,
+                   engine_finish: int | None) -> tuple[str, StopMatch | None]:
+        """The text of ``n_text`` tokens through the stop-string checker, and its match."""
+        stop = choice.stop
+        pieces = [detok.step(ids[i]) for i in range(n_text)]
+        if engine_finish is not None and (tail := detok.flush()):
+            # Withheld bytes belong to the last token, not to a token of their own.
+            if pieces:
+                pieces[-1] += tail
+            else:
+                pieces.append(tail)
+        text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
+        if match is None and engine_finish is not None:
+            text += stop.finish()
+        return text, match
+
+    def _completion(
+        self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
+        finish: str | None, stop_reason: int | str | None,
+    ) -> Completion:
+        spec = self.spec
+        lp = choice.logprobs
+        choice_obj = CompletionChoice(
+            index, text, lp.completion(ids, _rows(out)) if lp is not None else None,
+            finish, stop_reason, list(ids) if spec.return_token_ids else None)
+        usage = self.usage(index) if spec.continuous_usage else None
+        return Completion(id=spec.request_id, created=spec.created, model=spec.model,
+                          choices=[choice_obj], usage=usage)
 
     def _chat(
         self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
