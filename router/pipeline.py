@@ -36,7 +36,7 @@ from router.openai_types import (
     PromptTokensDetails,
     Usage,
 )
-from router.stop import StopChecker, StopMatch
+from router.stop import StopChecker
 from router.wire import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
 
 T = TypeVar("T")
@@ -290,12 +290,10 @@ class Pipeline:
         if choice.finished:
             return None, False  # e.g. the engine's last step raced our stop-string abort
         choice.fresh = False
-        if out.error is not None:
-            raise EngineOutputError(out.error.message)
         engine_finish = out.finish_reason
-        if engine_finish == FinishReason.ERROR:
-            raise EngineOutputError("The engine failed while generating this request.")
-        if self.cached_tokens is None and out.prefill_stats is not None:
+        if out.error is not None or engine_finish == FinishReason.ERROR:
+            raise _engine_error(out)
+        if out.prefill_stats is not None and self.cached_tokens is None:
             self._note_prefill(out.prefill_stats)
         ids = out.new_token_ids
         finish: str | None = None
@@ -309,13 +307,19 @@ class Pipeline:
             if (engine_finish == FinishReason.STOP and n_text
                     and not self.spec.include_stop_str_in_output):
                 n_text -= 1
-            if choice.stop.active:
-                text, match = self._stop_text(choice, detok, ids, n_text, engine_finish)
+            stop = choice.stop
+            if stop.active:
+                pieces = [detok.step(ids[i]) for i in range(n_text)]
+                if engine_finish is not None:
+                    _add_tail(pieces, detok)
+                text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
                 if match is not None:
                     if match.num_tokens_kept < len(ids):
                         ids = ids[: match.num_tokens_kept]
                     finish, stop_reason = "stop", match.stop
                     abort = engine_finish is None
+                elif engine_finish is not None:
+                    text += stop.finish()
             else:
                 step = detok.step
                 text = "".join([step(ids[i]) for i in range(n_text)]) if n_text != 1 else step(
@@ -329,47 +333,24 @@ class Pipeline:
             choice.finished = True
         if not text and finish is None and not (ids and self._ids_matter):
             return None, False
-        kind = self.spec.kind
-        if kind == CHAT:
+        spec = self.spec
+        if spec.kind == CHAT:
             return self._chat(index, choice, out, ids, text, finish, stop_reason), abort
-        if kind == COMPLETION:
-            return self._completion(index, choice, out, ids, text, finish, stop_reason), abort
+        if spec.kind == COMPLETION:
+            lp = choice.logprobs
+            choice_obj = CompletionChoice(
+                index, text,
+                lp.completion(ids, _rows(out)) if lp is not None else None,
+                finish, stop_reason, list(ids) if spec.return_token_ids else None)
+            usage = self.usage(index) if spec.continuous_usage else None
+            return Completion(id=spec.request_id, created=spec.created, model=spec.model,
+                              choices=[choice_obj], usage=usage), abort
         return self._generate(index, choice, out, ids, text, finish, stop_reason), abort
 
     def _note_prefill(self, prefill_stats: dict[str, Any]) -> None:
         cached = prefill_stats.get("num_cached_tokens")
         if isinstance(cached, int):
             self.cached_tokens = cached
-
-    @staticmethod
-    def _stop_text(choice: _Choice, detok: Detokenizer, ids: Sequence[int], n_text: int,
-                   engine_finish: int | None) -> tuple[str, StopMatch | None]:
-        """The text of ``n_text`` tokens through the stop-string checker, and its match."""
-        stop = choice.stop
-        pieces = [detok.step(ids[i]) for i in range(n_text)]
-        if engine_finish is not None and (tail := detok.flush()):
-            # Withheld bytes belong to the last token, not to a token of their own.
-            if pieces:
-                pieces[-1] += tail
-            else:
-                pieces.append(tail)
-        text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
-        if match is None and engine_finish is not None:
-            text += stop.finish()
-        return text, match
-
-    def _completion(
-        self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
-        finish: str | None, stop_reason: int | str | None,
-    ) -> Completion:
-        spec = self.spec
-        lp = choice.logprobs
-        choice_obj = CompletionChoice(
-            index, text, lp.completion(ids, _rows(out)) if lp is not None else None,
-            finish, stop_reason, list(ids) if spec.return_token_ids else None)
-        usage = self.usage(index) if spec.continuous_usage else None
-        return Completion(id=spec.request_id, created=spec.created, model=spec.model,
-                          choices=[choice_obj], usage=usage)
 
     def _chat(
         self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
@@ -419,6 +400,22 @@ class Pipeline:
         usage = self.usage(index) if spec.continuous_usage else None
         return GenerateResponse(request_id=spec.request_id, output_mode=spec.output_mode,
                                 choices=[gen], usage=usage)
+
+
+def _engine_error(out: EngineCoreOutput) -> EngineOutputError:
+    if out.error is not None:
+        return EngineOutputError(out.error.message)
+    return EngineOutputError("The engine failed while generating this request.")
+
+
+def _add_tail(pieces: list[str], detok: Detokenizer) -> None:
+    """The bytes a detokenizer withheld, at the end: they belong to the last token, not to a
+    token of their own."""
+    if tail := detok.flush():
+        if pieces:
+            pieces[-1] += tail
+        else:
+            pieces.append(tail)
 
 
 def _rows(out: EngineCoreOutput) -> LogprobRows | None:

@@ -21,7 +21,7 @@ from router.collect import collect
 from router.detokenize import TokenDecoder
 from router.engine_client import EngineClient
 from router.openai_types import ChatCompletion, ChatLogprobsContent
-from router.pipeline import CHAT, Pipeline, PipelineSpec, merge
+from router.pipeline import CHAT, Pipeline, PipelineSpec, interleave
 from router.wire import EngineCoreOutput, EngineCoreRequest
 from tests.engines import EngineProc
 
@@ -66,7 +66,7 @@ async def _run(link: EngineClient, engine: EngineProc, decoder: TokenDecoder,
 
     pipe = Pipeline(PipelineSpec(kind=CHAT, request_id=req.request_id, model="m", created=0,
                                  prompt_tokens=len(PROMPT), **spec), decoder)
-    body = await collect(pipe, merge([tee()]), abort)
+    body = await collect(pipe, interleave([(0, tee())]), abort)
     assert isinstance(body, ChatCompletion)
     return body, seen
 
