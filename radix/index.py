@@ -218,33 +218,7 @@ class PrefixIndex:
         if NotImplemented in hs:
             hs = [_norm(h) for h in block_hashes]
         self._optimistic.purge(now)
-        self._hold(eng, hs, keys)
-        if self._optimistic:
-            self._optimistic.discard_many(keys, eng.index)
-        self.stats.stored_blocks += n
-        if len(self._nodes) > self.max_blocks:
-            self._evict()
-        return n
-
-    def _stored_size(self, eng: _Engine, n: int, n_tokens: int, block_size: int | None,
-                     group_idx: int | None, kind: str | None, medium: str | None) -> int | None:
-        """A BlockStored's block size; None for one the index skips: not full attention on the
-        device, tokens that do not fill its blocks, another size or group than the engine's."""
-        if kind not in FULL_ATTENTION_KINDS or medium not in DEVICE_MEDIA:
-            return None
-        size = block_size if block_size is not None else n_tokens // n
-        if n_tokens != n * size or size < 1 or eng.block_size not in (None, size):
-            return None
-        if not self._accept_group(eng, group_idx):
-            return None
-        if eng.block_size is None:
-            self._set_block_size(eng, size)
-        return size
-
-    def _hold(self, eng: _Engine, hs: list[BlockHash], keys: list[int]) -> None:
-        """The engine holds ``keys`` under its hashes ``hs``, stamped with a fresh sequence."""
         nodes, hashes, bit = self._nodes, eng.hashes, eng.bit
-        n = len(keys)
         # The per-block work below is C-level map/update calls: ingest is the router's hot path.
         olds = list(map(hashes.get, hs))
         if olds.count(None) != n:
@@ -263,6 +237,27 @@ class PrefixIndex:
             shared = {v: (((v >> SEQ_BITS) | bit) << SEQ_BITS) | seq for v in set(values) if v}
             nodes.update(zip(keys, [fresh if v is None else shared[v] for v in values],
                              strict=True))
+        if self._optimistic:
+            self._optimistic.discard_many(keys, eng.index)
+        self.stats.stored_blocks += n
+        if len(nodes) > self.max_blocks:
+            self._evict()
+        return n
+
+    def _stored_size(self, eng: _Engine, n: int, n_tokens: int, block_size: int | None,
+                     group_idx: int | None, kind: str | None, medium: str | None) -> int | None:
+        """A BlockStored's block size; None for one the index skips: not full attention on the
+        device, tokens that do not fill its blocks, another size or group than the engine's."""
+        if kind not in FULL_ATTENTION_KINDS or medium not in DEVICE_MEDIA:
+            return None
+        size = block_size if block_size is not None else n_tokens // n
+        if n_tokens != n * size or size < 1 or eng.block_size not in (None, size):
+            return None
+        if not self._accept_group(eng, group_idx):
+            return None
+        if eng.block_size is None:
+            self._set_block_size(eng, size)
+        return size
 
     def apply_removed(
         self,
