@@ -23,7 +23,7 @@ from render.sampling import (
     SamplingParams,
     StructuredOutputsParams,
 )
-from render.sampling_checks import check_sampling
+from render.sampling_checks import SAMPLING_EPS, check_sampling
 
 # Keys vLLM takes from generation_config.json (``ModelConfig.get_diff_sampling_param``).
 GENERATION_DEFAULT_KEYS = (
@@ -45,7 +45,6 @@ _OPENAI_DEFAULTS: dict[str, float | int] = {
     "top_k": 0,
     "min_p": 0.0,
 }
-_SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
 
 
@@ -236,7 +235,7 @@ def _post_init(sp: SamplingParams) -> None:
     """The rest of ``SamplingParams.__post_init__`` once the checks passed."""
     if sp.stop and not sp.include_stop_str_in_output:
         sp.output_text_buffer_length = max(len(s) for s in sp.stop) - 1
-    if sp.temperature < _SAMPLING_EPS:
+    if sp.temperature < SAMPLING_EPS:
         sp.top_p, sp.top_k, sp.min_p = 1.0, 0, 0.0
     sp.skip_reading_prefix_cache = sp.prompt_logprobs is not None
 

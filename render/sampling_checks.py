@@ -16,6 +16,8 @@ from render.sampling import SamplingParams
 
 # Render's requests cap ``n`` at decode time (render/protocol.py); token-in requests here.
 MAX_N = 1024
+# Below this temperature vLLM samples greedily.
+SAMPLING_EPS = 1e-5
 
 
 def check_sampling(sp: SamplingParams, where: str = "") -> None:
@@ -53,6 +55,8 @@ def _first_bad(sp: SamplingParams) -> tuple[str, str] | None:
         return f"top_k must be 0 (disable), or at least 1, got {sp.top_k}.", "top_k"
     if not 0.0 <= sp.min_p <= 1.0:
         return f"min_p must be in [0, 1], got {sp.min_p}.", "min_p"
+    if sp.temperature < SAMPLING_EPS and sp.n > 1:  # __post_init__'s _verify_greedy_sampling
+        return f"n must be 1 when using greedy sampling, got {sp.n}.", "n"
     return _first_bad_length_or_output(sp)
 
 

@@ -237,7 +237,7 @@ SAMPLING_REFUSED = [
     {"temperature": 3.0}, {"temperature": -0.5}, {"top_p": 0.0}, {"top_p": 1.5},
     {"presence_penalty": 5.0}, {"frequency_penalty": -2.5}, {"repetition_penalty": 0.0},
     {"min_p": 2.0}, {"stop": ["ok", ""]}, {"bad_words": [""]},
-    {"max_tokens": 5, "min_tokens": 10},
+    {"max_tokens": 5, "min_tokens": 10}, {"temperature": 0.0, "n": 2},
 ]
 
 
