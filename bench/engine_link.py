@@ -112,7 +112,7 @@ def bench_receive(steps: list[list[bytes]], batch: int) -> float:
 
     async def run() -> float:
         with tempfile.TemporaryDirectory() as d:
-            spec = EngineSpec("e", f"ipc://{d}/hs", f"ipc://{d}/in", f"ipc://{d}/out")
+            spec = EngineSpec("e", f"ipc://{d}/hs", input=f"ipc://{d}/in", output=f"ipc://{d}/out")
             async with EngineClient([spec]) as client:
                 eng = client.engines["e"]
                 best = float("inf")
@@ -147,9 +147,10 @@ def bench_anchor(steps: list[list[bytes]]) -> float | None:
 
 async def bench_streams(n_streams: int, n_tokens: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
-        spec = EngineSpec("sim", f"ipc://{d}/hs", f"ipc://{d}/in", f"ipc://{d}/out")
+        spec = EngineSpec("sim", f"ipc://{d}/hs", input=f"ipc://{d}/in",
+                          output=f"ipc://{d}/out")
         async with EngineClient([spec], dead_after=60.0) as client:
-            proc = spawn_sim_engine(spec.handshake_address, [
+            proc = spawn_sim_engine(spec.handshake, [
                 "--max-num-seqs", str(n_streams + 24), "--max-num-batched-tokens", "262144",
                 "--num-gpu-blocks", "100000", "--step-time", "0.002", "--block-size", "16",
                 "--prefill-time-per-token", "0",

@@ -41,16 +41,17 @@ from router_policies import CharTreePolicy, OraclePolicy  # noqa: E402
 
 from bench.httpload import build_request, read_response  # noqa: E402
 from radix import PrefixIndex  # noqa: E402
+from render.models import EMBEDDED_MODEL  # noqa: E402
 from router.config import EngineSpec  # noqa: E402
 from router.kvfeed.kv_subscriber import KVSubscriber  # noqa: E402
 from router.link.engine_client import EngineClient  # noqa: E402
 from router.obs.metrics import RouterMetrics  # noqa: E402
 from router.routing.admission import Admission  # noqa: E402
 from router.routing.dispatch import Dispatcher  # noqa: E402
-from router.routing.fleet import Fleet, link_spec  # noqa: E402
+from router.routing.fleet import Fleet  # noqa: E402
 from router.routing.policy import Policy, PolicyConfig  # noqa: E402
 from serving.server import ROUTER_SERVER, SERVERS  # noqa: E402
-from sim.config import KVEventsConfig, default_model_dir  # noqa: E402
+from sim.config import KVEventsConfig  # noqa: E402
 from sim.launch import spawn_sim_engine, start_sim_engine  # noqa: E402
 from sim.tokens import TokenTable  # noqa: E402
 from wire.engine import EngineCoreEventType, EngineCoreRequest  # noqa: E402
@@ -126,7 +127,7 @@ async def part_b(n: int, warmup: int = 50, http_server: str = ROUTER_SERVER,
     engines = [spawn_engine(tmp, name, *zero) for name in ("d", "r", *floors)]
     router, port = start_router(tmp, ["r"], "--http-server", http_server)
     floor_procs = {name: start_floor(name, f"ipc://{tmp}/{name}.hs") for name in floors}
-    client = EngineClient([link_spec(EngineSpec("d", f"ipc://{tmp}/d.hs"))])
+    client = EngineClient([EngineSpec("d", f"ipc://{tmp}/d.hs")])
     proc = psutil.Process(router.pid)
     rng = random.Random(0)
     out: dict[str, float] = {}
@@ -273,7 +274,7 @@ async def run_policy(name: str, reqs: list[tuple[list[int], str]], engines_n: in
                      rate: float = 0.0) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix=f"kvr-bench-c-{name}-"))
     specs = [EngineSpec(f"e{i}", f"ipc://{tmp}/e{i}.hs") for i in range(engines_n)]
-    client = EngineClient([link_spec(s) for s in specs])
+    client = EngineClient(specs)
     await client.start()
     sims = {s.name: start_sim_engine(
         s.handshake, tokens, block_size=16, num_gpu_blocks=blocks, step_time=engine_time[0],
@@ -394,9 +395,9 @@ async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: i
     """Medians per policy, and every repetition's numbers."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(default_model_dir() / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(EMBEDDED_MODEL / "tokenizer.json"))
     reqs = workload(tok, n, tenants, seed=1)
-    tokens = TokenTable.from_model_dir(default_model_dir())
+    tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in policies}
     shown = ("hit_rate", "ttft_p50_ms", "ttft_p99_ms", "wait_mean_ms", "exec_mean_ms",
              "max_engine_share", "engines_per_tenant", "share_cold", "share_spill",

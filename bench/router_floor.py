@@ -28,7 +28,6 @@ import uvloop  # noqa: E402
 
 from router.config import EngineSpec  # noqa: E402
 from router.link.engine_client import EngineClient  # noqa: E402
-from router.routing.fleet import link_spec  # noqa: E402
 from serving.server import SERVERS, ServeOptions, bind_socket, serve_asgi  # noqa: E402
 from wire.engine import EngineCoreRequest  # noqa: E402
 from wire.sampling import SamplingParams  # noqa: E402
@@ -111,7 +110,7 @@ def asgi_app(floor: Floor) -> Any:
 
 
 async def serve(server: str, engine: str, port: int) -> None:
-    client = EngineClient([link_spec(EngineSpec("e", engine))])
+    client = EngineClient([EngineSpec("e", engine)])
     await client.start()
     await client.wait_ready(60)
     floor = Floor(client)

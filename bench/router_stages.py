@@ -120,7 +120,6 @@ async def _run(n: int, warmup: int, server: str) -> None:
     from bench.router import PY, spawn_engine, start_router_flags
     from router.config import EngineSpec
     from router.link.engine_client import EngineClient
-    from router.routing.fleet import link_spec
     from wire.engine import EngineCoreRequest
     from wire.sampling import SamplingParams
 
@@ -132,7 +131,7 @@ async def _run(n: int, warmup: int, server: str) -> None:
     router, port = start_router_flags(
         ["--http-server", server, "--engine", f"r=ipc://{tmp}/r.hs"],
         launcher=[PY, __file__, "--serve"], env={**os.environ, "STAGES_OUT": str(out)})
-    client = EngineClient([link_spec(EngineSpec("d", f"ipc://{tmp}/d.hs"))])
+    client = EngineClient([EngineSpec("d", f"ipc://{tmp}/d.hs")])
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         await client.start()

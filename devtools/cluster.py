@@ -16,12 +16,13 @@ from typing import Any
 import httpx
 import msgspec
 
+from render.models import EMBEDDED_MODEL
 from router.config import EngineSpec, Limits, RouterConfig
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
 from serving.server import ROUTER_SERVER, bind_socket
-from sim.config import DEFAULT_MAX_MODEL_LEN, KVEventsConfig, default_model_dir
+from sim.config import DEFAULT_MAX_MODEL_LEN, KVEventsConfig
 from sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from sim.tokens import TokenTable
 
@@ -109,7 +110,7 @@ class LocalCluster:
             raise RuntimeError(f"router did not start: {self._error!r}")
         tokens = None
         if not self.options.processes and not self.options.external:
-            tokens = TokenTable.from_model_dir(default_model_dir())
+            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
         if not self.options.external:
             for name in self.names:
                 self.start_engine(name, tokens)
@@ -124,7 +125,7 @@ class LocalCluster:
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:
-            tokens = tokens or TokenTable.from_model_dir(default_model_dir())
+            tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
                                                   **self.sim_options())
 

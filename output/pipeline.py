@@ -12,8 +12,9 @@ none configured the text passes through untouched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import NamedTuple, Protocol
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -38,6 +39,8 @@ from output.stop import StopChecker
 from serving.errors import EngineOutputError
 from wire.engine import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
 from wire.ndarrays import LogprobRows, rows_of
+
+T = TypeVar("T")
 
 CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
 
@@ -276,20 +279,16 @@ class Pipeline:
 
     def _feed(self, choice: _Choice, index: int, out: EngineCoreOutput
               ) -> tuple[Chunk | None, bool]:
+        """Any engine output: errors, the first and last ones, several tokens, n > 1."""
         if choice.finished:
             return None, False  # e.g. the engine's last step raced our stop-string abort
         choice.fresh = False
-        if out.error is not None:
-            raise EngineOutputError(out.error.message)
         engine_finish = out.finish_reason
-        if engine_finish == FinishReason.ERROR:
-            raise EngineOutputError("The engine failed while generating this request.")
-        if self.cached_tokens is None and out.prefill_stats is not None:
-            cached = out.prefill_stats.get("num_cached_tokens")
-            if isinstance(cached, int):
-                self.cached_tokens = cached
+        if out.error is not None or engine_finish == FinishReason.ERROR:
+            raise _engine_error(out)
+        if out.prefill_stats is not None and self.cached_tokens is None:
+            self._note_prefill(out.prefill_stats)
         ids = out.new_token_ids
-        spec = self.spec
         finish: str | None = None
         stop_reason = out.stop_reason
         abort = False
@@ -299,17 +298,13 @@ class Pipeline:
             # vLLM leaves the EOS / stop-token text out unless include_stop_str_in_output.
             n_text = len(ids)
             if (engine_finish == FinishReason.STOP and n_text
-                    and not spec.include_stop_str_in_output):
+                    and not self.spec.include_stop_str_in_output):
                 n_text -= 1
             stop = choice.stop
             if stop.active:
                 pieces = [detok.step(ids[i]) for i in range(n_text)]
-                if engine_finish is not None and (tail := detok.flush()):
-                    # Withheld bytes belong to the last token, not to a token of their own.
-                    if pieces:
-                        pieces[-1] += tail
-                    else:
-                        pieces.append(tail)
+                if engine_finish is not None:
+                    _add_tail(pieces, detok)
                 text, match = stop.push_one(pieces[0]) if len(pieces) == 1 else stop.push(pieces)
                 if match is not None:
                     if match.num_tokens_kept < len(ids):
@@ -331,6 +326,7 @@ class Pipeline:
             choice.finished = True
         if not text and finish is None and not (ids and self._ids_matter):
             return None, False
+        spec = self.spec
         if spec.kind == CHAT:
             return self._chat(index, choice, out, ids, text, finish, stop_reason), abort
         if spec.kind == COMPLETION:
@@ -343,6 +339,11 @@ class Pipeline:
             return Completion(id=spec.request_id, created=spec.created, model=spec.model,
                               choices=[choice_obj], usage=usage), abort
         return self._generate(index, choice, out, ids, text, finish, stop_reason), abort
+
+    def _note_prefill(self, prefill_stats: dict[str, Any]) -> None:
+        cached = prefill_stats.get("num_cached_tokens")
+        if isinstance(cached, int):
+            self.cached_tokens = cached
 
     def _chat(
         self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
@@ -394,41 +395,72 @@ class Pipeline:
                                 choices=[gen], usage=usage)
 
 
+def _engine_error(out: EngineCoreOutput) -> EngineOutputError:
+    if out.error is not None:
+        return EngineOutputError(out.error.message)
+    return EngineOutputError("The engine failed while generating this request.")
+
+
+def _add_tail(pieces: list[str], detok: Detokenizer) -> None:
+    """The bytes a detokenizer withheld, at the end: they belong to the last token, not to a
+    token of their own."""
+    if tail := detok.flush():
+        if pieces:
+            pieces[-1] += tail
+        else:
+            pieces.append(tail)
+
+
 def _rows(out: EngineCoreOutput) -> LogprobRows | None:
     return None if out.new_logprobs is None else rows_of(out.new_logprobs)
 
 
-async def merge(streams: Sequence[AsyncIterator[EngineCoreOutput]]) -> AsyncIterator[
-        tuple[int, EngineCoreOutput]]:
-    """The outputs of n choices as (index, output) in arrival order; the first error wins."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    queue: asyncio.Queue[tuple[int, EngineCoreOutput | None, BaseException | None]] = (
-        asyncio.Queue())
+async def interleave(streams: Iterable[tuple[int, AsyncIterator[T]]],
+                     arrived: deque[tuple[int, T]] | None = None,
+                     ) -> AsyncIterator[tuple[int, T]]:
+    """The outputs of n choices' streams, each ``(index, stream)``, as (index, output) in
+    arrival order; the first error wins. ``arrived`` holds what came and is not yet yielded
+    (a caller may seed it, and look whether an output waits without awaiting one)."""
+    merged: deque[tuple[int, T]] = deque() if arrived is None else arrived
+    wake: list[asyncio.Future[None] | None] = [None]
+    failure: list[BaseException] = []
+    running = 0
 
-    async def pump(i: int, it: AsyncIterator[EngineCoreOutput]) -> None:
+    def notify() -> None:
+        fut = wake[0]
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        nonlocal running
         try:
-            async for out in it:
-                queue.put_nowait((i, out, None))
-        except Exception as exc:  # handed to the consumer, which re-raises it
-            queue.put_nowait((i, None, exc))
-        else:
-            queue.put_nowait((i, None, None))
+            async for out in stream:
+                merged.append((i, out))
+                notify()
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            failure.append(exc)
+            raise
+        finally:
+            running -= 1
+            notify()
 
-    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(streams)]
+    tasks = [asyncio.ensure_future(pump(i, it)) for i, it in streams]
+    running = len(tasks)
     try:
-        live = len(tasks)
-        while live:
-            i, item, exc = await queue.get()
-            if exc is not None:
-                raise exc
-            if item is None:
-                live -= 1
+        while True:
+            if merged:
+                yield merged.popleft()
+            elif failure:
+                raise failure[0]
+            elif not running:
+                return
             else:
-                yield i, item
+                fut = wake[0] = asyncio.get_running_loop().create_future()
+                try:
+                    await fut
+                finally:
+                    wake[0] = None
     finally:
-        for t in tasks:
-            t.cancel()
+        for task in tasks:
+            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -191,18 +191,10 @@ class PrefixIndex:
         n = len(block_hashes)
         if n == 0:
             return 0
-        if kind not in FULL_ATTENTION_KINDS or medium not in DEVICE_MEDIA:
+        size = self._stored_size(eng, n, len(token_ids), block_size, group_idx, kind, medium)
+        if size is None:
             self.stats.skipped_events += 1
             return 0
-        size = block_size if block_size is not None else len(token_ids) // n
-        if len(token_ids) != n * size or size < 1 or eng.block_size not in (None, size):
-            self.stats.skipped_events += 1
-            return 0
-        if not self._accept_group(eng, group_idx):
-            self.stats.skipped_events += 1
-            return 0
-        if eng.block_size is None:
-            self._set_block_size(eng, size)
         if parent_block_hash is None:
             seed = self._space.root(size, namespace)
         else:
@@ -251,6 +243,21 @@ class PrefixIndex:
         if len(nodes) > self.max_blocks:
             self._evict()
         return n
+
+    def _stored_size(self, eng: _Engine, n: int, n_tokens: int, block_size: int | None,
+                     group_idx: int | None, kind: str | None, medium: str | None) -> int | None:
+        """A BlockStored's block size; None for one the index skips: not full attention on the
+        device, tokens that do not fill its blocks, another size or group than the engine's."""
+        if kind not in FULL_ATTENTION_KINDS or medium not in DEVICE_MEDIA:
+            return None
+        size = block_size if block_size is not None else n_tokens // n
+        if n_tokens != n * size or size < 1 or eng.block_size not in (None, size):
+            return None
+        if not self._accept_group(eng, group_idx):
+            return None
+        if eng.block_size is None:
+            self._set_block_size(eng, size)
+        return size
 
     def apply_removed(
         self,

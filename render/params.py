@@ -11,13 +11,13 @@ vLLM's own frontend would make it stop. Stop strings are kept (vllm-rs drops the
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import msgspec
 
 from render.errors import BadRequestError, ContextLengthError
 from render.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from render.sampling_checks import SAMPLING_EPS, check_sampling
 from wire.sampling import (
     OUTPUT_DELTA,
     OUTPUT_FINAL_ONLY,
@@ -45,7 +45,6 @@ _OPENAI_DEFAULTS: dict[str, float | int] = {
     "top_k": 0,
     "min_p": 0.0,
 }
-_SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
 
 
@@ -111,51 +110,6 @@ def _structured_outputs(
     return msgspec.structs.replace(structured, **override)
 
 
-def _check(req: ChatCompletionRequest | CompletionRequest, sp: SamplingParams) -> None:
-    def bad(msg: str, param: str) -> BadRequestError:
-        return BadRequestError(msg, param)
-
-    if not -2.0 <= sp.presence_penalty <= 2.0:
-        raise bad(
-            f"presence_penalty must be in [-2, 2], got {sp.presence_penalty}.", "presence_penalty"
-        )
-    if not -2.0 <= sp.frequency_penalty <= 2.0:
-        raise bad(
-            f"frequency_penalty must be in [-2, 2], got {sp.frequency_penalty}.",
-            "frequency_penalty",
-        )
-    if not math.isfinite(sp.repetition_penalty) or sp.repetition_penalty <= 0.0:
-        raise bad(
-            f"repetition_penalty must be a finite number greater than zero, got "
-            f"{sp.repetition_penalty}.",
-            "repetition_penalty",
-        )
-    if not math.isfinite(sp.temperature) or not 0.0 <= sp.temperature <= 2.0:
-        raise bad(f"temperature must be in [0, 2], got {sp.temperature}.", "temperature")
-    if not 0.0 < sp.top_p <= 1.0:
-        raise bad(f"top_p must be in (0, 1], got {sp.top_p}.", "top_p")
-    if sp.top_k < -1:
-        raise bad(f"top_k must be 0 (disable), or at least 1, got {sp.top_k}.", "top_k")
-    if not 0.0 <= sp.min_p <= 1.0:
-        raise bad(f"min_p must be in [0, 1], got {sp.min_p}.", "min_p")
-    if sp.max_tokens is not None and sp.max_tokens < 1:
-        raise bad(f"max_tokens must be at least 1, got {sp.max_tokens}.", "max_tokens")
-    if sp.max_tokens is not None and sp.min_tokens > sp.max_tokens:
-        raise bad(
-            f"min_tokens must be less than or equal to max_tokens={sp.max_tokens}, got "
-            f"{sp.min_tokens}.",
-            "min_tokens",
-        )
-    if sp.stop and any(not s for s in sp.stop):
-        raise bad("stop cannot contain an empty string.", "stop")
-    if sp.bad_words and any(not w for w in sp.bad_words):
-        raise bad(
-            f"bad_words cannot contain an empty string. Got bad_words={sp.bad_words}", "bad_words"
-        )
-    if req.stream_options is not None and not req.stream:
-        raise bad("Stream options can only be defined when `stream=True`.", "stream_options")
-
-
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     if raw is None:
         return None
@@ -188,35 +142,7 @@ def build_sampling_params(
         name: (v if (v := getattr(req, name)) is not None else defaults.get(name, d))
         for name, d in _OPENAI_DEFAULTS.items()
     }
-    stop_token_ids = list(req.stop_token_ids or [])
-    if default_stop := defaults.get("stop_token_ids"):
-        stop_token_ids = list(dict.fromkeys([*stop_token_ids, *default_stop]))
-    if isinstance(req, ChatCompletionRequest):
-        logprobs = req.top_logprobs if req.logprobs and not req.logprob_token_ids else None
-        prompt_logprobs = req.prompt_logprobs
-        if prompt_logprobs is None and req.echo:
-            prompt_logprobs = req.top_logprobs
-        if req.logprob_token_ids and not req.logprobs:
-            raise BadRequestError(
-                "when using `logprob_token_ids`, `logprobs` must be set to true.",
-                "logprob_token_ids",
-            )
-        if req.top_logprobs and not req.logprobs:
-            raise BadRequestError(
-                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
-            )
-        final_max = max_tokens
-    else:
-        logprobs = None if req.logprob_token_ids else req.logprobs
-        prompt_logprobs = req.prompt_logprobs
-        if prompt_logprobs is None and req.echo:
-            prompt_logprobs = req.logprobs
-        final_max = 1 if (req.echo and req.max_tokens == 0) else max_tokens
-    extra_args: dict[str, Any] = dict(req.vllm_xargs or {})
-    if req.kv_transfer_params:
-        extra_args["kv_transfer_params"] = req.kv_transfer_params
-    if req.ec_transfer_params:
-        extra_args["ec_transfer_params"] = req.ec_transfer_params
+    logprobs, prompt_logprobs, final_max = _logprob_fields(req, max_tokens)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     temperature = float(values["temperature"])
     if 0 < temperature < _MAX_TEMP:
@@ -233,7 +159,7 @@ def build_sampling_params(
         min_p=float(values["min_p"]),
         seed=None if req.seed == -1 else req.seed,
         stop=stop,
-        stop_token_ids=list(dict.fromkeys(stop_token_ids)),
+        stop_token_ids=_stop_token_ids(req, defaults),
         ignore_eos=req.ignore_eos,
         max_tokens=final_max,
         min_tokens=req.min_tokens,
@@ -248,21 +174,70 @@ def build_sampling_params(
         structured_outputs=_structured_outputs(req.structured_outputs, req.response_format),
         logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=req.allowed_token_ids,
-        extra_args=extra_args or None,
+        extra_args=_extra_args(req),
         bad_words=list(dict.fromkeys(req.bad_words or [])),
         skip_clone=True,
         repetition_detection=req.repetition_detection,
         thinking_token_budget=req.thinking_token_budget,
         routed_experts_prompt_start=req.routed_experts_prompt_start,
     )
-    _check(req, sp)
-    if stop and not sp.include_stop_str_in_output:
-        sp.output_text_buffer_length = max(len(s) for s in stop) - 1
-    if sp.temperature < _SAMPLING_EPS:
-        sp.top_p, sp.top_k, sp.min_p = 1.0, 0, 0.0
-    sp.skip_reading_prefix_cache = sp.prompt_logprobs is not None
+    check_sampling(sp)
+    if req.stream_options is not None and not req.stream:
+        raise BadRequestError("Stream options can only be defined when `stream=True`.",
+                              "stream_options")
+    _post_init(sp)
     _fill_stop_ids(sp, generation_config, eos_token_id)
     return sp
+
+
+def _logprob_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: int
+                    ) -> tuple[int | None, int | None, int]:
+    """(logprobs, prompt_logprobs, max_tokens) as chat and completions requests name them."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.logprob_token_ids and not req.logprobs:
+            raise BadRequestError(
+                "when using `logprob_token_ids`, `logprobs` must be set to true.",
+                "logprob_token_ids",
+            )
+        if req.top_logprobs and not req.logprobs:
+            raise BadRequestError(
+                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+            )
+        logprobs = req.top_logprobs if req.logprobs and not req.logprob_token_ids else None
+        prompt_logprobs = req.prompt_logprobs
+        if prompt_logprobs is None and req.echo:
+            prompt_logprobs = req.top_logprobs
+        return logprobs, prompt_logprobs, max_tokens
+    logprobs = None if req.logprob_token_ids else req.logprobs
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo:
+        prompt_logprobs = req.logprobs
+    return logprobs, prompt_logprobs, 1 if (req.echo and req.max_tokens == 0) else max_tokens
+
+
+def _stop_token_ids(req: ChatCompletionRequest | CompletionRequest,
+                    defaults: dict[str, Any]) -> list[int]:
+    """The request's stop token ids, then the model's default ones, each once."""
+    return list(dict.fromkeys([*(req.stop_token_ids or []),
+                               *(defaults.get("stop_token_ids") or [])]))
+
+
+def _extra_args(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any] | None:
+    extra_args: dict[str, Any] = dict(req.vllm_xargs or {})
+    if req.kv_transfer_params:
+        extra_args["kv_transfer_params"] = req.kv_transfer_params
+    if req.ec_transfer_params:
+        extra_args["ec_transfer_params"] = req.ec_transfer_params
+    return extra_args or None
+
+
+def _post_init(sp: SamplingParams) -> None:
+    """The rest of ``SamplingParams.__post_init__`` once the checks passed."""
+    if sp.stop and not sp.include_stop_str_in_output:
+        sp.output_text_buffer_length = max(len(s) for s in sp.stop) - 1
+    if sp.temperature < SAMPLING_EPS:
+        sp.top_p, sp.top_k, sp.min_p = 1.0, 0, 0.0
+    sp.skip_reading_prefix_cache = sp.prompt_logprobs is not None
 
 
 def _fill_stop_ids(

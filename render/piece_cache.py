@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -159,9 +158,6 @@ class PieceCache:
         for piece, ids in fresh.items():
             self._store(piece, ids)
         return out
-
-    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
 
     def _store(self, piece: str, ids: list[int]) -> None:
         size = len(piece) + 8 * len(ids)

@@ -9,7 +9,7 @@ while decoding, with msgspec's ``... - at `$.field``` messages. Optional message
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -24,40 +24,14 @@ TokenId = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=1024)]
 
-# Part types vLLM parses as text, and the media types it would hand to a multimodal processor.
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
-MEDIA_PART_TYPES = frozenset(
-    {
-        "image_url",
-        "input_image",
-        "image_embeds",
-        "image_pil",
-        "audio_url",
-        "input_audio",
-        "audio_embeds",
-        "video_url",
-        "video_embeds",
-        "prompt_embeds",
-    }
-)
-PartType = Literal[
-    "text",
-    "input_text",
-    "output_text",
-    "refusal",
-    "thinking",
-    "tool_reference",
-    "image_url",
-    "input_image",
-    "image_embeds",
-    "image_pil",
-    "audio_url",
-    "input_audio",
-    "audio_embeds",
-    "video_url",
-    "video_embeds",
-    "prompt_embeds",
+# The content part types vLLM parses as text, and those it would hand to a multimodal processor.
+TextPartType = Literal["text", "input_text", "output_text", "refusal", "thinking", "tool_reference"]
+MediaPartType = Literal[
+    "image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio",
+    "audio_embeds", "video_url", "video_embeds", "prompt_embeds",
 ]
+PartType = Literal[TextPartType, MediaPartType]
+MEDIA_PART_TYPES = frozenset(get_args(MediaPartType))
 
 
 class ContentPart(msgspec.Struct, omit_defaults=True):

@@ -20,6 +20,7 @@ from render.fast_tokens import build as build_fast_tokens
 from render.memory import release_freed_heap
 from render.messages import normalize_messages, tool_dicts
 from render.model_files import ModelFiles, derive_max_model_len, load_model_files
+from render.models import EMBEDDED_MODEL
 from render.params import build_sampling_params, default_sampling_params, max_tokens_for
 from render.piece_cache import PieceCache
 from render.protocol import (
@@ -60,10 +61,6 @@ _APPLY_PARAMS = frozenset(
         "messages",
     }
 )
-
-
-def _bundled_default() -> Path:
-    return Path(__file__).parent / "models" / "qwen3"
 
 
 class Renderer:
@@ -130,7 +127,7 @@ class Renderer:
         """Load a local HF model directory (default: the embedded Qwen3). ``chat_template`` is
         the template text or a path to a file holding it. ``fast_tokenizer=False`` keeps
         encoding on the piece cache (HF tokenizers / tiktoken) even where fastokens verifies."""
-        path = Path(model_dir) if model_dir is not None else _bundled_default()
+        path = Path(model_dir) if model_dir is not None else EMBEDDED_MODEL
         if chat_template is not None and Path(chat_template).is_file():
             chat_template = Path(chat_template).read_text(encoding="utf-8")
         files = load_model_files(path, tokenizer, chat_template)

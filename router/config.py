@@ -9,10 +9,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from render.models import EMBEDDED_MODEL
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
-
-EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3"
 
 
 class ConfigError(ValueError):
@@ -38,6 +37,22 @@ class EngineSpec:
     # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
     block_size: int | None = None
 
+    @property
+    def input_address(self) -> str:
+        """The input socket's bind address: ``input``, else beside the handshake."""
+        return self.input or self._beside(".in")
+
+    @property
+    def output_address(self) -> str:
+        """The output socket's bind address: ``output``, else beside the handshake."""
+        return self.output or self._beside(".out")
+
+    def _beside(self, suffix: str) -> str:
+        # Same host as the handshake, a kernel-chosen port (a TCP port 0 is resolved at bind time).
+        if self.handshake.startswith("ipc://"):
+            return self.handshake + suffix
+        return self.handshake.rsplit(":", 1)[0] + ":0"
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -46,7 +61,6 @@ class Limits:
     queue_timeout: float = 30.0  # seconds a request may wait for a slot before 503
     retry_after: int = 1  # seconds, for 429/503 answers
     max_body_bytes: int = 16 * 1024 * 1024
-    engine_ready_timeout: float = 600.0  # handshake wait at start (real engines load for minutes)
     drain_timeout: float = 30.0  # graceful shutdown: streams get this long to finish
     max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
     # An engine silent this long while it has requests is dead (its streams end with an error).
@@ -65,8 +79,6 @@ class RouterConfig:
     max_model_len: int | None = None
     render_url: str | None = None  # remote render service instead of the in-process Renderer
     engines: tuple[EngineSpec, ...] = ()
-    # A handshake address where engines may join at run time (each HELLO becomes a new engine).
-    join_address: str | None = None
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
@@ -185,8 +197,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT]",
         help="a headless engine's handshake address, bound by the router (repeatable)",
     )
-    engines.add_argument("--join-address",
-                         help="handshake address where engines may join later")
     routing = parser.add_argument_group("routing")
     routing.add_argument("--policy", choices=POLICIES, help="default cache_aware")
     routing.add_argument("--load-weight", type=float)
@@ -228,7 +238,7 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
     data: dict[str, Any] = load_file(args.config) if args.config else {}
     for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
                 "chat_template",
-                "max_model_len", "render_url", "join_address", "api_key", "log_level",
+                "max_model_len", "render_url", "api_key", "log_level",
                 "http_server"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)

@@ -11,13 +11,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
 from router.front.app import create_app
 from router.front.state import RouterState
+from router.link.engine_state import EngineState
 from router.obs import logs
 from serving.server import ServeOptions, bind_socket, serve_asgi
 
@@ -58,13 +58,11 @@ def banner(cfg: RouterConfig, url: str, live: RouterState) -> str:
                      "the engine dials it)")
     if not live.client.engines:
         lines.append("  no engines yet: add --engine NAME=tcp://HOST:PORT, or POST /admin/engines")
-    if cfg.join_address:
-        lines.append(f"  engines may join at {cfg.join_address}")
     lines.append(f"  OpenAI API {url}/v1, probes {url}/health {url}/ready, metrics {url}/metrics")
     return "\n".join(lines)
 
 
-def _transport(eng: Any) -> str:
+def _transport(eng: EngineState) -> str:
     scheme = str(eng.handshake_endpoint).split("://", 1)[0]
     return {"tcp": "ZMQ over TCP", "ipc": "ZMQ over a Unix socket"}.get(scheme, f"ZMQ {scheme}")
 

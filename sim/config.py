@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 
+from render.models import EMBEDDED_MODEL
 from sim.tokens import TokenTable
 
 # vLLM's HANDSHAKE_TIMEOUT_MINS.
@@ -113,13 +114,6 @@ def blocks_for(max_model_len: int, block_size: int) -> int:
     return max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // block_size) + 1)
 
 
-def default_model_dir() -> Path:
-    """The Qwen3 tokenizer embedded in the package (render/models/qwen3)."""
-    import render.models
-
-    return Path(render.models.__file__).parent / "qwen3"
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvroute sim-engine",
@@ -186,7 +180,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
     else:
         from render.hub import resolve_model
 
-        model = resolve_model(ns.model, ns.revision) if ns.model else default_model_dir()
+        model = resolve_model(ns.model, ns.revision) if ns.model else EMBEDDED_MODEL
         tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))

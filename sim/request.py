@@ -88,10 +88,6 @@ class SimRequest:
         self.echo: tuple[int, ...] = ()
         self.echo_loop = 0
 
-    @property
-    def num_output(self) -> int:
-        return self.num_tokens - self.num_prompt
-
     def extra_keys(self, start_block: int, end_block: int) -> list[list[Any] | None]:
         """vLLM's per-block event extra keys: the LoRA name on every block, the salt on block 0."""
         out: list[list[Any] | None] = []

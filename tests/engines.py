@@ -113,9 +113,9 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
     handshake = "tcp://127.0.0.1:0" if kind == "vllm" else f"ipc://{workdir}/{name}-hs"
     spec = EngineSpec(
         name=name,
-        handshake_address=handshake,
-        input_address=f"ipc://{workdir}/{name}-in",
-        output_address=f"ipc://{workdir}/{name}-out",
+        handshake=handshake,
+        input=f"ipc://{workdir}/{name}-in",
+        output=f"ipc://{workdir}/{name}-out",
     )
     kv_config = {
         "enable_kv_cache_events": True,

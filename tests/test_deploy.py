@@ -13,7 +13,6 @@ import yaml
 
 from render.service.config import parse_args as parse_render_args
 from router.main import parse as parse_router_args
-from router.routing.fleet import link_spec
 
 pytestmark = pytest.mark.deploy
 
@@ -58,10 +57,10 @@ def test_router_config_and_args_are_kvroute_s_own(tmp_path: Path) -> None:
     cfg = parse_router_args(argv)
     assert cfg.api_key == "secret" and cfg.port == 8000 and cfg.host == "0.0.0.0"
     assert [e.name for e in cfg.engines] == [f"engine-{i}" for i in range(5)]
-    spec = link_spec(cfg.engines[1])
+    spec = cfg.engines[1]
     # Engines dial the handshake Service; the router binds wildcards on fixed ports.
     assert spec.advertise_host == "rel-kvroute-router-handshake"
-    assert (spec.handshake_address, spec.input_address, spec.output_address) == (
+    assert (spec.handshake, spec.input_address, spec.output_address) == (
         "tcp://0.0.0.0:29501", "tcp://0.0.0.0:30501", "tcp://0.0.0.0:31501")
     assert cfg.engines[1].kv_events == "tcp://rel-kvroute-engine-1.rel-kvroute-engine:5557"
     # Every port an engine dials is published by the handshake Service.

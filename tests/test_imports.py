@@ -75,6 +75,17 @@ def _imports(path: Path, *, module_level_only: bool) -> set[str]:
     return {name for name in found if name.split(".")[0] in OURS}
 
 
+def _all_imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports, of any package, function-level imports included."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
 def _owner(module: str, table: dict[str, set[str]]) -> str:
     parts = module.split(".")
     for n in range(len(parts), 0, -1):
@@ -160,3 +171,10 @@ def test_the_rules_can_fail(tmp_path: Path) -> None:
     assert not _allowed("router.front.app", "output")
     assert not _allowed("render.service.server", "render")
     assert _allowed("render.renderer", "render")
+
+
+def test_the_packages_never_import_transformers() -> None:
+    """transformers is in the test extra only (tests and scripts use it as a reference)."""
+    users = sorted(module for module, path in _modules().items()
+                   if "transformers" in {n.split(".")[0] for n in _all_imports(path)})
+    assert users == []

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.openai_types import ChatCompletion, ChatLogprobsContent
-from output.pipeline import CHAT, Pipeline, PipelineSpec, merge
+from output.pipeline import CHAT, Pipeline, PipelineSpec, interleave
 from router.link.engine_client import EngineClient
 from tests.engines import EngineProc
 from wire.engine import EngineCoreOutput, EngineCoreRequest
@@ -66,7 +66,7 @@ async def _run(link: EngineClient, engine: EngineProc, decoder: TokenDecoder,
 
     pipe = Pipeline(PipelineSpec(kind=CHAT, request_id=req.request_id, model="m", created=0,
                                  prompt_tokens=len(PROMPT), **spec), decoder)
-    body = await collect(pipe, merge([tee()]), abort)
+    body = await collect(pipe, interleave([(0, tee())]), abort)
     assert isinstance(body, ChatCompletion)
     return body, seen
 

@@ -16,10 +16,25 @@ from tokenizers import Tokenizer
 
 from output.collect import collect
 from output.detokenize import TokenDecoder
-from output.pipeline import CHAT, COMPLETION, GENERATE, ParsedDelta, Pipeline, PipelineSpec, merge
+from output.pipeline import (
+    CHAT,
+    COMPLETION,
+    GENERATE,
+    ParsedDelta,
+    Pipeline,
+    PipelineSpec,
+    interleave,
+)
 from output.sse import DONE, sse_stream
 from serving.errors import EngineDeadError
 from wire.engine import EngineCoreOutput, EngineError, FinishReason
+
+
+def _choices(streams: Sequence[AsyncIterator[EngineCoreOutput]]) -> AsyncIterator[
+        tuple[int, EngineCoreOutput]]:
+    """Choice i's outputs come from ``streams[i]``, interleaved as the router does."""
+    return interleave(enumerate(streams))
+
 
 QWEN3 = Path(__file__).resolve().parent.parent / "render" / "models" / "qwen3" / "tokenizer.json"
 IM_END = 151645
@@ -62,12 +77,12 @@ async def _stream(spec: PipelineSpec, td: TokenDecoder, per_choice: list[list[En
             aborted.append(i)
 
     return [b async for b in sse_stream(Pipeline(spec, td),
-                                        merge([_iterate(o) for o in per_choice]), abort)]
+                                        _choices([_iterate(o) for o in per_choice]), abort)]
 
 
 async def _collect(spec: PipelineSpec, td: TokenDecoder,
                    per_choice: list[list[EngineCoreOutput]]) -> dict[str, Any]:
-    body = await collect(Pipeline(spec, td), merge([_iterate(o) for o in per_choice]))
+    body = await collect(Pipeline(spec, td), _choices([_iterate(o) for o in per_choice]))
     result: dict[str, Any] = json.loads(msgspec.json.encode(body))
     return result
 
@@ -235,7 +250,7 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
         raise ConnectionError("engine died")
 
     async def run() -> list[bytes]:
-        return [b async for b in sse_stream(Pipeline(_spec(CHAT), decoder), merge([broken()]))]
+        return [b async for b in sse_stream(Pipeline(_spec(CHAT), decoder), _choices([broken()]))]
 
     last = _events(asyncio.run(run()))[-1]
     assert "engine died" in last["error"]["message"] and last["error"]["code"] == 500
@@ -245,7 +260,7 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
         raise EngineDeadError("engine e0 sent ENGINE_CORE_DEAD")
 
     async def run_dead() -> list[bytes]:
-        return [b async for b in sse_stream(Pipeline(_spec(CHAT), decoder), merge([dead()]))]
+        return [b async for b in sse_stream(Pipeline(_spec(CHAT), decoder), _choices([dead()]))]
 
     last = _events(asyncio.run(run_dead()))[-1]
     assert last["error"]["code"] == 503 and "ENGINE_CORE_DEAD" in last["error"]["message"]
@@ -305,13 +320,13 @@ def test_parser_stage_seam(decoder: TokenDecoder, batch: int) -> None:
     def run_stream() -> list[bytes]:
         async def go() -> list[bytes]:
             pipe = Pipeline(spec, decoder, parsers=lambda i: ThinkParser(end))
-            outs = merge([_iterate(_steps(ids, [batch], 1))])
+            outs = _choices([_iterate(_steps(ids, [batch], 1))])
             return [b async for b in sse_stream(pipe, outs)]
         return asyncio.run(go())
 
     async def run_collect() -> Any:
         pipe = Pipeline(spec, decoder, parsers=lambda i: ThinkParser(end))
-        return await collect(pipe, merge([_iterate(_steps(ids, [batch], 1))]))
+        return await collect(pipe, _choices([_iterate(_steps(ids, [batch], 1))]))
 
     events = _events(run_stream())
     reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content") or "" for e in events)

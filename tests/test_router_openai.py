@@ -232,6 +232,33 @@ def test_bad_inputs_are_openai_4xx(cluster: LocalCluster, model: str) -> None:
         assert set(r.json()["error"]) >= {"message", "type", "code"}
 
 
+# Sampling values vLLM's SamplingParams refuses, each reaching the one shared check
+# (render/sampling_checks.py) from both paths: render's OpenAI mapping and the token-in body.
+SAMPLING_REFUSED = [
+    {"temperature": 3.0}, {"temperature": -0.5}, {"top_p": 0.0}, {"top_p": 1.5},
+    {"presence_penalty": 5.0}, {"frequency_penalty": -2.5}, {"repetition_penalty": 0.0},
+    {"min_p": 2.0}, {"stop": ["ok", ""]}, {"bad_words": [""]},
+    {"max_tokens": 5, "min_tokens": 10}, {"temperature": 0.0, "n": 2},
+]
+
+
+@pytest.mark.parametrize("fields", SAMPLING_REFUSED)
+def test_bad_sampling_is_the_same_400_on_render_and_token_in(
+        cluster: LocalCluster, model: str, fields: dict[str, Any]) -> None:
+    with httpx.Client(base_url=cluster.base_url) as http:
+        rendered = http.post("/v1/chat/completions/render",
+                             json={"model": model, "messages": _messages("x"), **fields})
+        token_in = http.post("/inference/v1/generate",
+                             json={"request_id": "bad-sampling", "model": model, "token_ids": [5],
+                                   "sampling_params": fields})
+    assert (rendered.status_code, token_in.status_code) == (400, 400), (rendered.text,
+                                                                       token_in.text)
+    a, b = rendered.json()["error"], token_in.json()["error"]
+    assert a["message"] == b["message"] and a["type"] == b["type"], (a, b)
+    # The param names the field where it sits in each body.
+    assert b["param"] == f"sampling_params.{a['param']}" and a["param"] in fields, (a, b)
+
+
 # Keeps the import of the embedded model package meaningful for readers: the tests run on it.
 assert _models_init
 

@@ -25,7 +25,7 @@ def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
     e = vllm_engine
     assert e.ready is not None
     spec = EngineSpec(
-        e.name, e.spec.handshake_address, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
+        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
         topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
         block_size=e.ready.block_size)
     with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL),

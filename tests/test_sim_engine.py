@@ -16,7 +16,8 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from sim.config import KVEventsConfig, SimConfig, default_model_dir
+from render.models import EMBEDDED_MODEL
+from sim.config import KVEventsConfig, SimConfig
 from sim.kv_publisher import offset_endpoint_port
 from sim.launch import SimEngineThread, sim_engines, spawn_sim_engine, start_sim_engine
 from sim.request import SimRequest
@@ -294,7 +295,7 @@ def test_outputs_are_deterministic_for_greedy_and_seeded_requests(sim: Harness) 
 def test_default_token_table_emits_decodable_words() -> None:
     from tokenizers import Tokenizer
 
-    model = default_model_dir()
+    model = EMBEDDED_MODEL
     table = TokenTable.from_model_dir(model)
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     assert set(table.eos_token_ids) == {151645, 151643}
@@ -915,7 +916,7 @@ def _eviction_run(ctx: zmq.Context[zmq.Socket[bytes]], kind: str, workdir: Path)
     fe.dec = msgspec.msgpack.Decoder(wire.EngineCoreOutputs, ext_hook=wire.ext_hook)
     fe.aux, fe.identity, fe.ready = {}, b"", {}
     fe.hs = ctx.socket(zmq.ROUTER)
-    fe.hs.bind(eng.spec.handshake_address)  # vLLM's: TCP port 0, the engine gets the bound one
+    fe.hs.bind(eng.spec.handshake)  # vLLM's: TCP port 0, the engine gets the bound one
     fe.hs_addr = fe.hs.getsockopt_string(zmq.LAST_ENDPOINT)
     fe.bind_io()
     try:
@@ -962,7 +963,7 @@ def test_eviction_matches_real_vllm(ctx: zmq.Context[zmq.Socket[bytes]], tmp_pat
 # ---------------------------------------------------------------- output modes and lifetime
 
 
-QWEN = TokenTable.from_model_dir(default_model_dir())
+QWEN = TokenTable.from_model_dir(EMBEDDED_MODEL)
 
 
 def _chat_prompt(user: str) -> list[int]:
@@ -1021,7 +1022,7 @@ def test_cli_defaults_follow_the_model_like_the_router() -> None:
     from sim.config import build_parser, config_from_args
 
     cfg = config_from_args(build_parser().parse_args([]))
-    renderer = Renderer.load(default_model_dir())
+    renderer = Renderer.load(EMBEDDED_MODEL)
     assert cfg.max_model_len == renderer.max_model_len  # what the router admits prompts to
     assert (cfg.num_gpu_blocks - 1) * cfg.block_size >= cfg.max_model_len
     assert cfg.output == "echo"

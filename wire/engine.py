@@ -265,6 +265,3 @@ class EngineReadyResponse(msgspec.Struct, gc=False):
     supports_draft_weight_updates: bool = False
     effective_attention_block_size: int | None = None
 
-
-# Utility call payload after REQ_UTILITY: [client_index, call_id, method_name, args].
-UtilityCall = tuple[int, int, str, tuple[Any, ...]]

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TextIO
 
 from render.hub import resolve_model
+from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
-EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "models" / "qwen3"
-EMBEDDED_SERVED_NAME = "Qwen/Qwen3-0.6B"
 DEFAULT_PORT = 8100
 # Bodies up to this many bytes always render on the event loop (~2k tokens). Bigger ones render
 # there too while the model's observed cost predicts at most the inline budget below, else on a
@@ -57,10 +56,6 @@ class ServerConfig:
     switch_interval: float = 0.0005
 
     @property
-    def default_model(self) -> str:
-        return self.models[0].served_model_name
-
-    @property
     def limits(self) -> RenderLimits:
         return RenderLimits(self.max_body_bytes, self.offload_bytes, self.inline_budget_ms,
                             self.inline_max_bytes)
@@ -81,8 +76,7 @@ def model_spec(model: Path, served_model_name: str | None = None, *, tokenizer: 
                revision: str | None = None) -> ModelSpec:
     """A model to serve; unnamed, it is served by its directory (the embedded one by its id)."""
     if served_model_name is None:
-        served_model_name = (EMBEDDED_SERVED_NAME if model.resolve() == EMBEDDED_MODEL
-                             else str(model))
+        served_model_name = served_name(model)
     return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len, revision)
 
 
@@ -208,21 +202,9 @@ def parse_args(argv: list[str]) -> ServerConfig:
     if a.http_server not in TAKES_SOCKET and a.workers > 1:
         # It binds from an address: worker processes cannot share the parent's socket.
         p.error(f"--http-server {a.http_server} serves one process: use --workers 1")
-    return ServerConfig(
-        models=models,
-        host=a.host,
-        port=a.port,
-        workers=a.workers,
-        max_body_bytes=a.max_body_bytes,
-        allow_request_chat_template=a.allow_request_chat_template,
-        offload_bytes=a.offload_bytes,
-        inline_budget_ms=a.inline_budget_ms,
-        inline_max_bytes=a.inline_max_bytes,
-        render_threads=a.render_threads,
-        render_processes=a.render_processes,
-        access_log=a.access_log,
-        http_server=a.http_server,
-    )
+    # Every other field has a flag of its name (switch_interval has none: it keeps its default).
+    flags = {f.name: getattr(a, f.name) for f in fields(ServerConfig) if hasattr(a, f.name)}
+    return ServerConfig(**{**flags, "models": models})
 
 
 def resolve_spec(spec: ModelSpec, progress: TextIO | None = sys.stderr) -> ModelSpec:

@@ -26,14 +26,16 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from render.renderer import Renderer
 from render.service.config import ServerConfig, parse_args
 from render.service.fast_route import FastRenderRoute
 from render.service.loading import Codecs, load_models
@@ -56,6 +58,7 @@ ROUTE_PATHS = (
     "/metrics",
 )
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+T = TypeVar("T")
 
 
 async def offloaded(st: RenderState, path: str, body: bytes) -> Response | None:
@@ -69,50 +72,43 @@ async def offloaded(st: RenderState, path: str, body: bytes) -> Response | None:
     return Response(done.payload, media_type=JSON)
 
 
-async def chat_render(request: Request) -> Response:
+async def _render_endpoint(request: Request, path: str,
+                           decoder: Callable[[Codecs], msgspec.json.Decoder[Any]],
+                           method: Callable[[Renderer], Callable[[Any], T]],
+                           prompt_tokens: Callable[[T], int] | None = None) -> Response:
+    """Read the body, let a helper process answer it if it is big, else decode it and run
+    ``method`` of the model it names; ``prompt_tokens`` counts what a render produced."""
     st = render_state(request.scope["state"])
     body = await read_body(request, st.limits.max_body_bytes)
-    if (answer := await offloaded(st, CHAT, body)) is not None:
+    if (answer := await offloaded(st, path, body)) is not None:
         return answer
-    req = st.codecs.chat.decode(body)
+    req = decoder(st.codecs).decode(body)
     renderer = st.models.get(req.model)
-    out = await st.run(renderer, len(body), partial(renderer.render_chat, array=True), req)
-    st.metrics.add_prompt_tokens(renderer.served_model_name, len(out.token_ids))
+    out = await st.run(renderer, len(body), method(renderer), req)
+    if prompt_tokens is not None:
+        st.metrics.add_prompt_tokens(renderer.served_model_name, prompt_tokens(out))
     return json_response(st.codecs.encoder, out)
+
+
+async def chat_render(request: Request) -> Response:
+    return await _render_endpoint(request, CHAT, lambda c: c.chat,
+                                  lambda r: partial(r.render_chat, array=True),
+                                  lambda out: len(out.token_ids))
 
 
 async def completion_render(request: Request) -> Response:
-    st = render_state(request.scope["state"])
-    body = await read_body(request, st.limits.max_body_bytes)
-    if (answer := await offloaded(st, COMPLETIONS, body)) is not None:
-        return answer
-    req = st.codecs.completion.decode(body)
-    renderer = st.models.get(req.model)
-    outs = await st.run(renderer, len(body), renderer.render_completion, req)
-    st.metrics.add_prompt_tokens(renderer.served_model_name, sum(len(o.token_ids) for o in outs))
-    return json_response(st.codecs.encoder, outs)
+    return await _render_endpoint(request, COMPLETIONS, lambda c: c.completion,
+                                  lambda r: r.render_completion,
+                                  lambda outs: sum(len(o.token_ids) for o in outs))
 
 
 async def tokenize_endpoint(request: Request) -> Response:
-    st = render_state(request.scope["state"])
-    body = await read_body(request, st.limits.max_body_bytes)
-    if (answer := await offloaded(st, TOKENIZE, body)) is not None:
-        return answer
-    req = st.codecs.tokenize.decode(body)
-    renderer = st.models.get(req.model)
-    out = await st.run(renderer, len(body), renderer.tokenize, req)
-    return json_response(st.codecs.encoder, out)
+    return await _render_endpoint(request, TOKENIZE, lambda c: c.tokenize, lambda r: r.tokenize)
 
 
 async def detokenize_endpoint(request: Request) -> Response:
-    st = render_state(request.scope["state"])
-    body = await read_body(request, st.limits.max_body_bytes)
-    if (answer := await offloaded(st, DETOKENIZE, body)) is not None:
-        return answer
-    req = st.codecs.detokenize.decode(body)
-    renderer = st.models.get(req.model)
-    out = await st.run(renderer, len(body), renderer.detokenize, req)
-    return json_response(st.codecs.encoder, out)
+    return await _render_endpoint(request, DETOKENIZE, lambda c: c.detokenize,
+                                  lambda r: r.detokenize)
 
 
 async def list_models(request: Request) -> Response:

@@ -45,7 +45,7 @@ from router.link.engine_client import EngineClient, EngineStatus
 from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
 from router.routing.dispatch import Dispatcher
-from router.routing.fleet import Fleet, link_spec
+from router.routing.fleet import Fleet
 from router.routing.policy import Policy
 from serving.errors import (
     APIError,
@@ -196,8 +196,7 @@ def create_app(cfg: RouterConfig,
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient([link_spec(e) for e in cfg.engines],
-                              dead_after=cfg.limits.engine_dead_after)
+        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after)
         await client.start()
         kv = KVSubscriber(index)
         await kv.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -16,6 +16,7 @@ from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest
 from render.renderer import Renderer
+from render.sampling_checks import check_sampling
 from router.config import EngineSpec
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.respond import EngineResponse, client_disconnected
@@ -23,7 +24,6 @@ from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
 from serving.body import json_response, read_body
 from serving.errors import ClientGoneError
-from wire.sampling import SamplingParams
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Any]]
@@ -138,13 +138,6 @@ async def _give_back(st: RouterState, result: object) -> None:
         st.dispatcher.done(routed)
 
 
-async def chat_completions(request: Request) -> EngineResponse:
-    arrival = time.perf_counter()
-    st = router_state(request.scope["state"])
-    body = await read_body(request, st.render.limits.max_body_bytes)
-    return await open_chat(st, request.receive, body, arrival)
-
-
 async def open_chat(st: RouterState, receive: Receive, body: bytes,
                     arrival: float) -> EngineResponse:
     """A read chat completions body: render, route, open; its answer is the returned app."""
@@ -166,13 +159,6 @@ async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec:
     resp = await _open(st, receive, gen, spec, stream, decoder)
     resp.arrival = arrival
     return resp
-
-
-async def completions(request: Request) -> EngineResponse:
-    arrival = time.perf_counter()
-    st = router_state(request.scope["state"])
-    body = await read_body(request, st.render.limits.max_body_bytes)
-    return await open_completion(st, request.receive, body, arrival)
 
 
 async def open_completion(st: RouterState, receive: Receive, body: bytes,
@@ -228,17 +214,10 @@ async def _answer_prompts(st: RouterState, receive: Receive, gens: list[Generate
     return resp
 
 
-async def generate(request: Request) -> EngineResponse:
-    """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text) out."""
-    arrival = time.perf_counter()
-    st = router_state(request.scope["state"])
-    body = await read_body(request, st.render.limits.max_body_bytes)
-    return await open_generate(st, request.receive, body, arrival)
-
-
 async def open_generate(st: RouterState, receive: Receive, body: bytes,
                         arrival: float) -> EngineResponse:
-    """A read token-in body: decode and check it, route, open."""
+    """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text)
+    out. The read body: decode and check it, route, open."""
     gen = st.generate_decoder.decode(body)
     renderer = st.models.get(gen.model)
     vocab = renderer.vocab_size
@@ -246,7 +225,7 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes,
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
     if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
         raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
-    check_sampling(gen.sampling_params)
+    check_sampling(gen.sampling_params, "sampling_params.")
     if len(gen.token_ids) >= renderer.max_model_len:
         raise BadRequestError(
             f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
@@ -260,31 +239,24 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes,
     return resp
 
 
-def check_sampling(sp: SamplingParams) -> None:
-    """vLLM's SamplingParams._verify_args essentials: token-in requests skip render's mapping."""
-    max_tokens = sp.max_tokens
-    if not 1 <= sp.n <= 1024:
-        _refuse("n must be within [1, 1024]", "n")
-    if max_tokens is not None and max_tokens < 1:
-        _refuse("max_tokens must be at least 1", "max_tokens")
-    if not 0 <= sp.min_tokens <= (max_tokens if max_tokens is not None else sp.min_tokens):
-        _refuse("min_tokens must be within [0, max_tokens]", "min_tokens")
-    if not sp.temperature >= 0:  # NaN is refused too
-        _refuse("temperature must be non-negative", "temperature")
-    if not 0 < sp.top_p <= 1:
-        _refuse("top_p must be in (0, 1]", "top_p")
-    if sp.top_k < -1:
-        _refuse("top_k must be -1 (disable) or at least 1", "top_k")
-    if not 0 <= sp.min_p <= 1:
-        _refuse("min_p must be in [0, 1]", "min_p")
-    if sp.logprobs is not None and sp.logprobs < -1:
-        _refuse("logprobs must be non-negative or -1", "logprobs")
-    if sp.prompt_logprobs is not None and sp.prompt_logprobs < -1:
-        _refuse("prompt_logprobs must be non-negative or -1", "prompt_logprobs")
+Opener = Callable[[RouterState, Receive, bytes, float], Awaitable[EngineResponse]]
 
 
-def _refuse(message: str, param: str) -> NoReturn:
-    raise BadRequestError(message, f"sampling_params.{param}")
+def _endpoint(open_body: Opener) -> Callable[[Request], Awaitable[EngineResponse]]:
+    """The Starlette endpoint of an opener: timed from arrival, the body read first."""
+    async def endpoint(request: Request) -> EngineResponse:
+        arrival = time.perf_counter()
+        st = router_state(request.scope["state"])
+        body = await read_body(request, st.render.limits.max_body_bytes)
+        return await open_body(st, request.receive, body, arrival)
+
+    endpoint.__doc__ = open_body.__doc__
+    return endpoint
+
+
+chat_completions = _endpoint(open_chat)
+completions = _endpoint(open_completion)
+generate = _endpoint(open_generate)
 
 
 async def abort_requests(request: Request) -> Response:

@@ -11,7 +11,7 @@ the same single output path as any other.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from output.openai_types import Chunk, Completion, PromptTokensDetails, Usage
@@ -39,15 +39,10 @@ class RoutedGroup:
         self.decision = GroupDecision(self.parts)
         self.streams: list[RequestStream] = [s for p in self.parts for s in p.streams]
         self.first: list[EngineCoreOutput] = [f for p in self.parts for f in p.first]
-        self._where = [(p, i) for p in self.parts for i in range(len(p.streams))]
 
     @property
     def request_ids(self) -> list[str]:
         return [s.request_id for s in self.streams]
-
-    def outputs(self, index: int) -> AsyncIterator[EngineCoreOutput]:
-        part, local = self._where[index]
-        return part.outputs(local)
 
 
 class PipelineGroup:

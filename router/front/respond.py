@@ -13,7 +13,7 @@ import msgspec
 
 from output.collect import collect
 from output.detokenize import TokenDecoder
-from output.pipeline import Pipeline, PipelineSpec
+from output.pipeline import Pipeline, PipelineSpec, interleave
 from output.sse import RAW_SEND, SSEResponse, sse_stream
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
@@ -111,56 +111,15 @@ class EngineResponse:
         return bool(self._merged)
 
     def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
-        if len(self.routed.streams) == 1:
-            return _OneChoice(self)
-        return self._merged_outputs()
-
-    async def _merged_outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
-        # n > 1: the choices run concurrently on the engine; interleave them as they come.
         routed = self.routed
-        merged = self._merged
-        wake: list[asyncio.Future[None] | None] = [None]
-        failure: list[BaseException] = []
-        running = len(routed.streams)
-
-        def notify() -> None:
-            fut = wake[0]
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-
-        async def pump(i: int) -> None:
-            nonlocal running
-            try:
-                async for out in routed.outputs(i):
-                    merged.append((i, out))
-                    notify()
-            except BaseException as exc:
-                failure.append(exc)
-                raise
-            finally:
-                running -= 1
-                notify()
-
-        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(routed.streams))]
+        if len(routed.streams) == 1:
+            return _OneChoice(self)
+        # n > 1: the choices run concurrently on the engine; interleave them as they come,
+        # every choice's first output (already read) first.
+        self._merged.extend(enumerate(routed.first))
         self._first_unread = False
-        try:
-            while True:
-                if merged:
-                    yield merged.popleft()
-                elif failure:
-                    raise failure[0]
-                elif not running:
-                    return
-                else:
-                    fut = wake[0] = asyncio.get_running_loop().create_future()
-                    try:
-                        await fut
-                    finally:
-                        wake[0] = None
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        return interleave(((i, s) for i, s in enumerate(routed.streams)
+                           if not routed.first[i].finished), self._merged)
 
     async def _abort_choice(self, index: int) -> None:
         """The pipeline ended choice ``index`` on a stop string: the engine must stop too."""

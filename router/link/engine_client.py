@@ -24,15 +24,16 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
-from router.link.engine_state import EngineSpec, EngineState, EngineStatus
-from router.link.request_stream import RequestStream
-from serving.errors import (
+from router.config import EngineSpec
+from router.link.engine_errors import (
     EngineDeadError,
     EngineLinkError,
     EngineUnavailableError,
     UtilityCallError,
 )
+from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
+from router.link.engine_state import EngineState, EngineStatus
+from router.link.request_stream import RequestStream
 from wire.engine import (
     ENGINE_CORE_DEAD,
     REQ_ABORT,
@@ -178,7 +179,7 @@ class EngineClient:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
         try:
-            handshake.bind(spec.handshake_address)
+            handshake.bind(spec.handshake)
             inp.bind(spec.input_address)
             out.bind(spec.output_address)
         except zmq.ZMQError as e:

@@ -10,27 +10,16 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from router.config import EngineSpec
 from wire.engine import EngineReadyResponse
 
 if TYPE_CHECKING:
     from router.link.request_stream import RequestStream
 
 
-class EngineSpec(msgspec.Struct, frozen=True):
-    """Where the client binds for one engine.
-
-    ``handshake_address`` is what the engine is started with (``--data-parallel-address`` /
-    ``--data-parallel-rpc-port``); a TCP port 0 or ``*`` is resolved at bind time. The input and
-    output addresses are sent to the engine in the handshake, so they must be reachable from it.
-    """
-
-    name: str
-    handshake_address: str
-    input_address: str
-    output_address: str
-    dp_rank: int = 0
-    # The host engines dial when the sockets bind a wildcard (a Service name in Kubernetes).
-    advertise_host: str | None = None
+# Every engine the router links is data-parallel rank 0 of its own handshake: vLLM names an
+# engine's sockets by its rank as two little-endian bytes.
+ENGINE_IDENTITY = (0).to_bytes(2, "little")
 
 
 class EngineStatus(enum.Enum):
@@ -87,7 +76,7 @@ class EngineState:
         self.handshake_endpoint = _endpoint(handshake, spec.advertise_host)
         self.input_endpoint = _endpoint(input_socket, spec.advertise_host)
         self.output_endpoint = _endpoint(output_socket, spec.advertise_host)
-        self.identity = spec.dp_rank.to_bytes(2, "little")
+        self.identity = ENGINE_IDENTITY
         self.status = EngineStatus.CONNECTING
         self.ready: EngineReadyResponse | None = None
         self.adopted = False
@@ -137,11 +126,6 @@ class EngineState:
     @property
     def num_in_flight(self) -> int:
         return len(self.in_flight)
-
-    @property
-    def handshake_port(self) -> int:
-        """The TCP port to pass to the engine as ``--data-parallel-rpc-port``."""
-        return int(self.handshake_endpoint.rsplit(":", 1)[1])
 
     def sockets(self) -> tuple[zmq.asyncio.Socket, ...]:
         return (self.handshake, self.input, self.output)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -105,93 +105,112 @@ class Dispatcher:
         token).
         """
         namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
-        n = params.n
         excluded: set[str] = set()
-        last_error: Exception | None = None
-        admission = self.admission
+        last_error: EngineLinkError | None = None
         for attempt in (1, 2):
-            def candidates() -> list[str]:
-                return [e for e in admission.open_engines(self.healthy()) if e not in excluded]
-
-            live = self.healthy()
-            if excluded:
-                live = [e for e in live if e not in excluded]
-            if not live:
+            chosen = await self._choose(tokens, namespace, excluded)
+            if chosen is None:
                 break
-            # wait_for_slot returns at once when nobody queues and an engine has a slot: that
-            # check is made here on the engines just listed, without a second listing.
-            open_now = admission.open_engines(live)
-            if not open_now or admission.queued:
-                await admission.wait_for_slot(lambda: bool(candidates()))
-                open_now = candidates()
-            loads = admission.loads(open_now, self._engine_stats)
+            decision, note = chosen
+            children = _fan_out(request_id, tokens, params, params.n, lora, cache_salt,
+                                priority)
             try:
-                decision, note = self.policy.decide(tokens, namespace, loads, self.clock())
-            except NoEngineError:
-                break
-            engine = decision.engine
-            uncached = len(tokens) - decision.cached_tokens
-            children = _fan_out(request_id, tokens, params, n, lora, cache_salt, priority)
-            for _ in children:
-                self.admission.take(engine, uncached // n)
-            streams: list[RequestStream] = []
-            noted = False
-            try:
-                for child in children:
-                    streams.append(await self.client.submit(engine, child))
-                # The ADD is on its way: the bookkeeping below overlaps the engine's work. The
-                # note goes in before any await, so no later decision can miss this route.
-                note()
-                self._log_decision(request_id, decision, len(tokens), attempt)
-                noted = True
-                if n == 1:
-                    first = [await anext(streams[0])]
-                else:
-                    first = list(await asyncio.gather(*(anext(s) for s in streams)))
-            except ValueError as exc:  # the engine client refused a duplicate request id
-                with contextlib.suppress(EngineLinkError):
-                    await self.client.abort([s.request_id for s in streams])
-                for _ in children:
-                    self.admission.prefilled(engine, uncached // n)
-                    self.admission.release(engine)
-                raise BadRequestError(str(exc), "request_id") from exc
-            except asyncio.CancelledError:
-                # The client left while its prompt was queued or prefilling: the engine must
-                # not spend the prefill on nobody, and the slots go back.
-                with contextlib.suppress(EngineLinkError):
-                    await self.client.abort([c.request_id for c in children])
-                self.metrics.aborts.labels("client_disconnect").inc(len(children))
-                for _ in children:
-                    self.admission.prefilled(engine, uncached // n)
-                    self.admission.release(engine)
-                raise
+                return await self._place(request_id, len(tokens), children, decision, note,
+                                         attempt)
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
-                with contextlib.suppress(EngineLinkError):
-                    await self.client.abort([c.request_id for c in children])
-                for _ in children:
-                    self.admission.prefilled(engine, uncached // n)
-                    self.admission.release(engine)
-                if not noted:
-                    self._log_decision(request_id, decision, len(tokens), attempt)
+                engine = decision.engine
                 excluded.add(engine)
                 self._failed(engine)
                 if attempt == 1:
                     self.metrics.retries.inc()
                 log.warning("engine failed before the first token", extra={
                     "request_id": request_id, "engine": engine, "error": str(exc)})
-                continue
-            for _ in children:
-                self.admission.prefilled(engine, uncached // n)
-            if self._failures:
-                self._succeeded(engine)
-            self._opened_metrics(engine, decision.cached_tokens, first[0])
-            return Routed(decision, uncached, streams, first, attempt)
         if last_error is not None:
             raise last_error
         raise OverloadedError(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
+
+    async def _choose(self, tokens: Sequence[int], namespace: Hashable, excluded: set[str]
+                      ) -> tuple[Decision, Callable[[], object]] | None:
+        """The policy's decision over the open healthy engines not excluded, waiting for a slot
+        if none is open (or others queue first); None: no engine to wait for."""
+        admission = self.admission
+
+        def candidates() -> list[str]:
+            return [e for e in admission.open_engines(self.healthy()) if e not in excluded]
+
+        live = self.healthy()
+        if excluded:
+            live = [e for e in live if e not in excluded]
+        if not live:
+            return None
+        # wait_for_slot returns at once when nobody queues and an engine has a slot: that
+        # check is made here on the engines just listed, without a second listing.
+        open_now = admission.open_engines(live)
+        if not open_now or admission.queued:
+            await admission.wait_for_slot(lambda: bool(candidates()))
+            open_now = candidates()
+        loads = admission.loads(open_now, self._engine_stats)
+        try:
+            return self.policy.decide(tokens, namespace, loads, self.clock())
+        except NoEngineError:
+            return None
+
+    async def _place(self, request_id: str, prompt_tokens: int,
+                     children: list[EngineCoreRequest], decision: Decision,
+                     note: Callable[[], object], attempt: int) -> Routed:
+        """Submit the children on the decided engine and read their first outputs. On failure
+        the children are aborted and their slots given back before the error goes up."""
+        engine = decision.engine
+        uncached = prompt_tokens - decision.cached_tokens
+        share = uncached // len(children)
+        for _ in children:
+            self.admission.take(engine, share)
+        streams: list[RequestStream] = []
+        noted = False
+        try:
+            for child in children:
+                streams.append(await self.client.submit(engine, child))
+            # The ADD is on its way: the bookkeeping below overlaps the engine's work. The
+            # note goes in before any await, so no later decision can miss this route.
+            note()
+            self._log_decision(request_id, decision, prompt_tokens, attempt)
+            noted = True
+            if len(streams) == 1:
+                first = [await anext(streams[0])]
+            else:
+                first = list(await asyncio.gather(*(anext(s) for s in streams)))
+        except ValueError as exc:  # the engine client refused a duplicate request id
+            await self._withdraw(engine, share, [s.request_id for s in streams], len(children))
+            raise BadRequestError(str(exc), "request_id") from exc
+        except asyncio.CancelledError:
+            # The client left while its prompt was queued or prefilling: the engine must
+            # not spend the prefill on nobody, and the slots go back.
+            await self._withdraw(engine, share, [c.request_id for c in children], len(children))
+            self.metrics.aborts.labels("client_disconnect").inc(len(children))
+            raise
+        except (EngineLinkError, StopAsyncIteration):
+            await self._withdraw(engine, share, [c.request_id for c in children], len(children))
+            if not noted:
+                self._log_decision(request_id, decision, prompt_tokens, attempt)
+            raise
+        for _ in children:
+            self.admission.prefilled(engine, share)
+        if self._failures:
+            self._succeeded(engine)
+        self._opened_metrics(engine, decision.cached_tokens, first[0])
+        return Routed(decision, uncached, streams, first, attempt)
+
+    async def _withdraw(self, engine: str, share: int, request_ids: list[str],
+                        children: int) -> None:
+        """Abort what was submitted and give every child's slot and prefill share back."""
+        with contextlib.suppress(EngineLinkError):
+            await self.client.abort(request_ids)
+        for _ in range(children):
+            self.admission.prefilled(engine, share)
+            self.admission.release(engine)
 
     def _opened_metrics(self, engine: str, predicted_cached: int,
                         first: EngineCoreOutput) -> None:

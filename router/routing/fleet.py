@@ -10,22 +10,9 @@ from radix import PrefixIndex
 from router.config import EngineSpec
 from router.kvfeed.kv_subscriber import KVEndpoints, KVSubscriber
 from router.link.engine_client import EngineClient, EngineStatus
-from router.link.engine_client import EngineSpec as LinkSpec
 from router.routing.admission import Admission
 
 log = logging.getLogger("kvroute.fleet")
-
-
-def link_spec(spec: EngineSpec) -> LinkSpec:
-    """Input/output sockets next to the handshake one: same host, kernel-chosen ports."""
-    address = spec.handshake
-    if address.startswith("ipc://"):
-        inp, out = address + ".in", address + ".out"
-    else:
-        host = address.rsplit(":", 1)[0]
-        inp, out = f"{host}:0", f"{host}:0"
-    return LinkSpec(spec.name, address, spec.input or inp, spec.output or out,
-                    advertise_host=spec.advertise_host)
 
 
 def _host(address: str) -> str:
@@ -59,7 +46,7 @@ class Fleet:
     def join(self, spec: EngineSpec) -> str:
         """Add an engine at run time; returns the handshake address to start it against."""
         self.specs[spec.name] = spec
-        state = self.client.add_engine(link_spec(spec))
+        state = self.client.add_engine(spec)
         log.info("engine joined",
                  extra={"engine": spec.name, "handshake": state.handshake_endpoint})
         return state.handshake_endpoint
