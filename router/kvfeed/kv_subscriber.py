@@ -17,14 +17,14 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from collections.abc import Hashable
 
 import msgspec
 import xxhash
 import zmq
 import zmq.asyncio
 
+from radix import PrefixIndex
 from radix.namespace import namespace_for, split_event_extra_keys
 from router.kvfeed.kv_endpoints import KVEndpoints, dial_address, engine_binds, offset_endpoint
 from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ext_hook
@@ -32,41 +32,6 @@ from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatc
 END_SEQ = b"\xff" * 8
 # Batches remembered per engine (seq -> payload digest) to tell duplicates from restarts.
 DUP_WINDOW = 4096
-
-
-class KVEventSink(Protocol):
-    """What the subscriber feeds: ``radix.PrefixIndex`` satisfies it.
-
-    ``namespace`` seeds chains that start at block 0 (no parent); a child block continues its
-    parent's chain (vLLM puts the cache_salt in the first block's extra keys only).
-    """
-
-    def apply_stored(
-        self,
-        engine: str,
-        block_hashes: Sequence[int | bytes],
-        parent_block_hash: int | bytes | None,
-        token_ids: Sequence[int],
-        namespace: Hashable,
-        now: float,
-        *,
-        block_size: int | None = None,
-        extra_keys: Sequence[Any | None] | None = None,
-        group_idx: int | None = None,
-        kind: str | None = None,
-        medium: str | None = None,
-    ) -> Any: ...
-
-    def apply_removed(
-        self,
-        engine: str,
-        block_hashes: Sequence[int | bytes],
-        *,
-        group_idx: int | None = None,
-        medium: str | None = None,
-    ) -> Any: ...
-
-    def apply_cleared(self, engine: str) -> Any: ...
 
 
 def kv_namespace(lora_name: str | None, cache_salt: str | None) -> Hashable:
@@ -104,9 +69,13 @@ class _EngineFeed:
 
 
 class KVSubscriber:
-    """Subscribes to many engines' KV events and applies them to ``sink``."""
+    """Subscribes to many engines' KV events and applies them to ``sink``: the router's
+    ``radix.PrefixIndex`` (its ``apply_stored`` / ``apply_removed`` / ``apply_cleared``; tests
+    pass stand-ins with the same three methods). ``namespace`` seeds chains that start at block
+    0 (no parent); a child block continues its parent's chain (vLLM puts the cache_salt in the
+    first block's extra keys only)."""
 
-    def __init__(self, sink: KVEventSink, *, replay_timeout: float = 2.0) -> None:
+    def __init__(self, sink: PrefixIndex, *, replay_timeout: float = 2.0) -> None:
         self.sink = sink
         self.replay_timeout = replay_timeout
         self._ctx: zmq.asyncio.Context | None = None
@@ -322,7 +291,6 @@ class KVSubscriber:
 __all__ = [
     "KVCounters",
     "KVEndpoints",
-    "KVEventSink",
     "KVSubscriber",
     "dial_address",
     "engine_binds",
