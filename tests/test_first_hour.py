@@ -109,7 +109,10 @@ def test_the_readme_quick_start_is_what_these_tests_run() -> None:
     and a pasted curl against its default port."""
     readme = (ROOT / "README.md").read_text()
     quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    assert "./dev demo" in quick
+    first_block = quick.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in first_block.splitlines()]
+    assert [c for c in commands if c] == ["./dev demo", "./dev test"]  # the brief's two commands
+    assert "exec ./dev test" in (ROOT / ".ci" / "run").read_text()  # CI runs the same command
     assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in quick
     dev = (ROOT / "dev").read_text()
     assert re.search(r"demo\)\n\s+ensure_venv\n\s+exec kvroute demo \"\$@\"", dev)
