@@ -25,15 +25,15 @@ import zmq
 import zmq.asyncio
 
 from router.config import EngineSpec
-from router.link.engine_errors import (
+from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
+from router.link.engine_state import EngineState, EngineStatus
+from router.link.request_stream import RequestStream
+from serving.errors import (
     EngineDeadError,
     EngineLinkError,
     EngineUnavailableError,
     UtilityCallError,
 )
-from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
-from router.link.engine_state import EngineState, EngineStatus
-from router.link.request_stream import RequestStream
 from wire.engine import (
     ENGINE_CORE_DEAD,
     REQ_ABORT,
