@@ -1,6 +1,6 @@
 """Benchmark radix.PrefixIndex (ingest, match, RSS) beside a minimal SGLang-style character tree.
 
-    .venv/bin/python bench/radix.py            # full run (~1-2 min on 2 cores)
+    .venv/bin/python bench/radix.py            # full run
     .venv/bin/python bench/radix.py --quick    # smaller sizes, for a smoke run
     .venv/bin/python bench/radix.py --plot docs/img/radix_match.png   # also the length sweep
 

@@ -7,7 +7,8 @@
     process; requests (max_tokens=1) alternate one by one between the two paths: token-in (the
     target's measure) and chat (render included, against its rendered tokens sent direct).
 (c) >= 8 sim engines (threads) with small KV caches, a multi-tenant shared-prefix workload (Zipf
-    tenants), closed loop; each policy gets fresh engines, repetitions interleaved. Hit rate is the
+    tenants), open loop by default (Poisson arrivals at --rate; --rate 0: closed loop at
+    --concurrency); each policy gets fresh engines, repetitions interleaved. Hit rate is the
     engines' own num_cached_tokens / prompt tokens; TTFT is split by the engines' QUEUED /
     SCHEDULED stamps into waiting (for blocks / seqs) and the prefill step. Routing goes through
     the product Dispatcher + Fleet.
@@ -58,8 +59,10 @@ from wire.engine import EngineCoreEventType, EngineCoreRequest  # noqa: E402
 from wire.sampling import SamplingParams  # noqa: E402
 
 PY = sys.executable
-# (c)'s simulated engine speed: slow enough that engine time (a cold ~800-token prompt: 270 ms,
-# a hit: ~45 ms), not this shared CPU (~4-5 ms of bench CPU per request), dominates TTFT.
+# (c)'s simulated engine speed: slow enough that engine time (STEP_TIME per step +
+# PREFILL_PER_TOKEN per uncached prompt token: a cold ~800-token prompt ~270 ms, a hit ~45 ms),
+# which the policy influences, dominates TTFT rather than the bench's own CPU (printed per run
+# as bench_cpu_ms_per_req).
 STEP_TIME = 0.03
 PREFILL_PER_TOKEN = 3e-4
 
