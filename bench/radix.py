@@ -370,7 +370,7 @@ def baseline_rows(rev: str, repeat: int) -> list[tuple[str, str, str]]:
 
 
 def calibration_ms() -> float:
-    """CPU time of ``sum(range(100_000))`` (about 1 ms on a 2020s desktop core, Python 3.11)."""
+    """CPU time of ``sum(range(100_000))``: the machine's speed, to scale figures between runs."""
     samples = []
     for _ in range(20):
         t0 = time.process_time()

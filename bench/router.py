@@ -406,8 +406,8 @@ async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: i
              "max_engine_share", "engines_per_tenant", "share_cold", "share_spill",
              "moves_cold", "moves_prefix_hit", "moves_spill",
              "bench_cpu_ms_per_req", "load_1m")
-    # Interleaved repetitions, the order rotated each time: this machine is shared, so noise
-    # (and any drift within a repetition) hits every policy alike.
+    # Interleaved repetitions, the order rotated each time: on a shared machine, noise (and any
+    # drift within a repetition) then hits every policy alike.
     for rep in range(reps):
         k = rep % len(policies)
         for name in policies[k:] + policies[:k]:
