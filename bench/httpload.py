@@ -1,4 +1,7 @@
-"""A raw asyncio HTTP/1.1 keep-alive load generator in its own process (httpx costs ~1 ms/request).
+"""A raw asyncio HTTP/1.1 keep-alive load generator in its own process.
+
+An HTTP client library's own per-request CPU would be part of every latency measured (and take
+CPU from the server under test), so this writes the requests and finds the answers' ends itself.
 
 Usage from code::
 

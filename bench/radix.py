@@ -1,6 +1,6 @@
 """Benchmark radix.PrefixIndex (ingest, match, RSS) beside a minimal SGLang-style character tree.
 
-    .venv/bin/python bench/radix.py            # full run (~1-2 min on 2 cores)
+    .venv/bin/python bench/radix.py            # full run
     .venv/bin/python bench/radix.py --quick    # smaller sizes, for a smoke run
     .venv/bin/python bench/radix.py --plot docs/img/radix_match.png   # also the length sweep
 
@@ -370,7 +370,7 @@ def baseline_rows(rev: str, repeat: int) -> list[tuple[str, str, str]]:
 
 
 def calibration_ms() -> float:
-    """CPU time of ``sum(range(100_000))`` (about 1 ms on a 2020s desktop core, Python 3.11)."""
+    """CPU time of ``sum(range(100_000))``: the machine's speed, to scale figures between runs."""
     samples = []
     for _ in range(20):
         t0 = time.process_time()

@@ -1,4 +1,4 @@
-"""/health while 100k-token chats render: helper process vs today's thread path, same run.
+"""/health while 100k-token chats render: helper process vs the in-process thread path, same run.
 
     .venv/bin/python bench/render_offload.py [--rounds 4] [--probes 300] [--servers helper,thread]
 

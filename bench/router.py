@@ -7,7 +7,8 @@
     process; requests (max_tokens=1) alternate one by one between the two paths: token-in (the
     target's measure) and chat (render included, against its rendered tokens sent direct).
 (c) >= 8 sim engines (threads) with small KV caches, a multi-tenant shared-prefix workload (Zipf
-    tenants), closed loop; each policy gets fresh engines, repetitions interleaved. Hit rate is the
+    tenants), open loop by default (Poisson arrivals at --rate; --rate 0: closed loop at
+    --concurrency); each policy gets fresh engines, repetitions interleaved. Hit rate is the
     engines' own num_cached_tokens / prompt tokens; TTFT is split by the engines' QUEUED /
     SCHEDULED stamps into waiting (for blocks / seqs) and the prefill step. Routing goes through
     the product Dispatcher + Fleet.
@@ -58,8 +59,10 @@ from wire.engine import EngineCoreEventType, EngineCoreRequest  # noqa: E402
 from wire.sampling import SamplingParams  # noqa: E402
 
 PY = sys.executable
-# (c)'s simulated engine speed: slow enough that engine time (a cold ~800-token prompt: 270 ms,
-# a hit: ~45 ms), not this shared CPU (~4-5 ms of bench CPU per request), dominates TTFT.
+# (c)'s simulated engine speed: slow enough that engine time (STEP_TIME per step +
+# PREFILL_PER_TOKEN per uncached prompt token: a cold ~800-token prompt ~270 ms, a hit ~45 ms),
+# which the policy influences, dominates TTFT rather than the bench's own CPU (printed per run
+# as bench_cpu_ms_per_req).
 STEP_TIME = 0.03
 PREFILL_PER_TOKEN = 3e-4
 
@@ -403,8 +406,8 @@ async def part_c(n: int, engines: int, tenants: int, concurrency: int, blocks: i
              "max_engine_share", "engines_per_tenant", "share_cold", "share_spill",
              "moves_cold", "moves_prefix_hit", "moves_spill",
              "bench_cpu_ms_per_req", "load_1m")
-    # Interleaved repetitions, the order rotated each time: this machine is shared, so noise
-    # (and any drift within a repetition) hits every policy alike.
+    # Interleaved repetitions, the order rotated each time: on a shared machine, noise (and any
+    # drift within a repetition) then hits every policy alike.
     for rep in range(reps):
         k = rep % len(policies)
         for name in policies[k:] + policies[:k]:

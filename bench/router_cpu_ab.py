@@ -5,7 +5,7 @@ of its own zero-time sim engine, all alive at once, requests alternating one by 
     .venv/bin/python bench/router_cpu_ab.py /tmp/before . --http-server uvicorn --rounds 5
 
 Each round sends ``--requests`` token-in requests (256 random ids, max_tokens=1) to every tree in
-turn (the order flips every request), so the shared box's load drifts hit all trees alike; per
+turn (the order flips every request), so a shared machine's load drifts hit all trees alike; per
 round and tree: client p50 and p99, the router process's CPU per request and its main (event
 loop) thread's. The medians of the rounds are the result; each tree's router runs from that tree.
 """

@@ -1,4 +1,4 @@
-"""Bench (a) of issue 5: the router's per-output-token pipeline cost, against vLLM's own frontend.
+"""The router's per-output-token pipeline cost, against vLLM's own frontend on the same frames.
 
 Per output token: engine output decode from msgpack bytes, demux by request id, detokenize, stop
 check, (top-5 logprobs), chat chunk -> SSE bytes. The HTTP write is excluded. Frames are

@@ -9,10 +9,10 @@ below; its sim engine has zero engine time. The bench process sends token-in req
 identical sim engine through an EngineClient (the direct path, as bench/router.py (b)). It
 prints the p50 of each stage over the requests after ``--warmup``.
 
-The wrappers cost ~1 us each, so the stages are slightly inflated; their p50s add up to about the
-router's p50, and the engine round trip from the router equals the direct one (the router adds
-no wait there). A diagnostic, not a benchmark of record: the target's measure is bench/router.py
-(b).
+The wrappers add a Python call and a clock read or two each, so the stages are slightly
+inflated; their p50s should add up to about the router's p50, and the engine round trip from the
+router should equal the direct one (a larger one means the router waits there). A diagnostic,
+not a benchmark of record: the target's measure is bench/router.py (b).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def run_sim(
         got, messages, finished = fe.collect(args.streams)
         wall = time.perf_counter() - t0
         cpu = sum(ps.cpu_times()[:2]) - cpu0
-        # An idle engine must cost nothing: many of them share 2 cores in multi-engine runs.
+        # An idle engine must cost nothing: multi-engine runs put many of them on few cores.
         idle0 = sum(ps.cpu_times()[:2])
         time.sleep(2.0)
         idle = sum(ps.cpu_times()[:2]) - idle0

@@ -1,8 +1,8 @@
 """Server-sent events: pipeline chunks as ``data:`` events, written through raw ASGI ``send``.
 
-Starlette's StreamingResponse costs ~5-8 µs more per chunk than a bare ``send`` loop on
-Hypercorn (issue 5's measurement), so ``SSEResponse`` sends ``http.response.start`` and the body
-chunks itself. It also watches ``receive`` for ``http.disconnect`` while the producer waits on
+Starlette's StreamingResponse adds its wrappers' work to every chunk, so ``SSEResponse`` sends
+``http.response.start`` and the body chunks itself. It also watches ``receive`` for
+``http.disconnect`` while the producer waits on
 the engine, so a client that goes away is noticed at once and the app can ABORT the engine
 request (``on_disconnect``), not only at the next token.
 """
@@ -33,7 +33,7 @@ SSE_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 
 Abort = Callable[[int], Awaitable[None]]
 # Scope key for the server's own ASGI ``send`` (set by the router's outermost middleware):
-# every middleware send wrapper costs a few µs per body chunk and none of them acts on bodies.
+# every middleware send wrapper runs per body chunk and none of them acts on bodies.
 RAW_SEND = "kvroute.raw_send"
 
 

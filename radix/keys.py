@@ -79,7 +79,8 @@ ROOT_MEMO = 4096
 def token_array(tokens: Sequence[int]) -> array[int]:
     """Token ids as native uint32 (raises OverflowError outside [0, 2**32), TypeError if not int).
 
-    ``array('I')`` is the fastest list -> uint32 conversion CPython has (numpy's is ~4x slower).
+    ``array('I')`` is the cheapest list -> uint32 conversion CPython has (numpy's from a list
+    is dearer).
     """
     return array("I", tokens)
 
@@ -144,9 +145,9 @@ class KeySpace:
             self._xpow: U64 = np.empty((2, 0), dtype=np.uint64)  # x**k, k = 1.. per prime
             self._xinv: U64 = np.empty((2, 0), dtype=np.uint64)  # x**-k
         self._splitters: dict[int, Struct] = {}  # block size -> cuts a buffer into blocks
-        # Roots computed so far: every routed prompt needs one (a repr and a hash, ~2-4 µs),
-        # and a fleet sees few (block size, namespace) pairs; emptied when it grows past
-        # ROOT_MEMO (namespaces hold client-chosen cache_salts).
+        # Roots computed so far: every routed prompt needs one (a repr and a hash of the
+        # namespace), and a fleet sees few (block size, namespace) pairs; emptied when it grows
+        # past ROOT_MEMO (namespaces hold client-chosen cache_salts).
         self._roots: dict[tuple[int, Hashable], int] = {}
 
     def root(self, block_size: int, namespace: Hashable) -> int:
@@ -220,8 +221,8 @@ class KeySpace:
         if int(blocks.max()) >= _NUMPY_MAX_TOKEN:
             return None
         p = self._p
-        # (m, B) @ (B, 2) runs numpy's integer matmul loop 2-3x faster than (2, B) @ (B, m);
-        # the copy makes each prime's row contiguous for the ops below.
+        # (m, B) @ (B, 2), not (2, B) @ (B, m): numpy's integer matmul (no BLAS) runs its loop
+        # faster in this orientation; the copy makes each prime's row contiguous for the ops below.
         h: U64 = (blocks @ self._digit_table(block_size)).T.copy()  # v_i mod p, unreduced
         h %= p
         xpow, xinv = self._powers(m)

@@ -6,9 +6,9 @@ concatenation has the lowest rank. The two agree when the tokenizer came from a 
 build a tiktoken ``Encoding`` only for tokenizers of exactly that shape — one regex Split then
 ByteLevel without its own regex, a NFC or no normalizer, rank-ordered merges — and then prove it on
 a sample before use; anything else returns None and the caller keeps the Hugging Face path.
-tiktoken releases the GIL while it encodes and is ~6x cheaper per token than ``encode_batch_fast``
-here (Qwen3, 1.1k tokens: 0.6 ms vs 3.5 ms CPU). Input must be free of added tokens (the piece
-cache cuts them out first), as tiktoken's ``encode_ordinary`` knows no special tokens.
+tiktoken releases the GIL while it encodes and costs several times less per token than
+``encode_batch_fast`` (bench/render_lib.py compares them). Input must be free of added tokens
+(the piece cache cuts them out first), as tiktoken's ``encode_ordinary`` knows no special tokens.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """fastokens (the Rust tokenizer vllm-rs itself uses) as render's encoder, where it equals HF's.
 
 fastokens reads the same tokenizer.json as Hugging Face ``tokenizers`` and returns the same ids
-~10-60x cheaper per token on this machine (Qwen3, ~10k tokens: 0.4-0.6 ms vs 6 ms through the
-tiktoken piece path and 40 ms through ``tokenizers``), with a byte-bounded cache of the segments
-between added tokens in Rust (resent chat history costs a hash lookup). It is used only after it
+for a fraction of the CPU per token (bench/render_lib.py compares it with the tiktoken piece path
+and ``tokenizers``), with a byte-bounded cache of the segments between added tokens in Rust
+(resent chat history costs a hash lookup). It is used only after it
 reproduced ``tokenizers`` on probe texts that cut through every added token, both with and without
 its cache; anything else (not installed, a tokenizer it refuses or disagrees on) returns None and
 the caller keeps the piece-cache path (render/piece_cache.py). The HF tokenizer stays the one that

@@ -3,8 +3,9 @@
 Parsing a tokenizer.json builds the whole vocabulary, merge list and added-token table two or three
 times over (serde's intermediate maps, the BPE builder, our own spec and tiktoken ranks) and keeps a
 fraction of that. glibc's malloc does not return the freed middle of its heap to the kernel by
-itself, so a process that loaded Gemma 3 (262k vocab) sat at ~430 MB RSS holding ~110 MB of live
-data. ``malloc_trim(0)`` releases those free pages; later allocations simply fault pages back in.
+itself, so a process that loaded a big vocabulary (Gemma 3: 262k ids) would keep several times its
+live data as RSS. ``malloc_trim(0)`` releases those free pages; later allocations simply fault
+pages back in.
 """
 
 from __future__ import annotations

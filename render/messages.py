@@ -50,7 +50,8 @@ def _strip_billing_header(parts: list[str | ContentPart]) -> list[str | ContentP
 def _content(msg: ChatMessage, index: int, fmt: ContentFormat) -> str | list[dict[str, Any]]:
     raw = msg.content
     # Plain string content (nearly every message of a chat) comes out of the general path below
-    # unchanged, or as one text part: answer it directly (~1-2 us per message of a long history).
+    # unchanged, or as one text part: answer it directly (a long history pays the general path
+    # once per message).
     if type(raw) is str and not (msg.role == "system" and raw.startswith(_BILLING_HEADER)):
         return [{"type": "text", "text": raw}] if fmt == "openai" else raw
     parts: list[str | ContentPart]

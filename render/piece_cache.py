@@ -88,8 +88,9 @@ class PieceCache:
         self._split_re = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._bytes = 0
-        # tiktoken, when it provably matches this tokenizer: ~6x cheaper on the misses.
-        # (Not built when the caller encodes with fastokens: its ~55 MB of ranks would be unused.)
+        # tiktoken, when it provably matches this tokenizer: cheaper on the misses
+        # (render/fast_bpe.py). Not built when the caller encodes with fastokens: its ranks
+        # would be unused memory.
         self._fast = fast_bpe.build(tok) if self.unsafe is None and tiktoken else None
         self.hits = 0
         self.misses = 0
@@ -124,7 +125,7 @@ class PieceCache:
 
     def encode(self, text: str) -> list[int]:
         if not self.enabled:
-            # encode_batch_fast skips offset tracking: ~15% cheaper than encode(), same ids.
+            # encode_batch_fast skips offset tracking: cheaper than encode(), same ids.
             return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
         parts = self.split(text)
         cache = self._cache

@@ -145,7 +145,7 @@ class Renderer:
             harmony_start_date=harmony_start_date,
             fast_tokenizer=fast_tokenizer,
         )
-        # Loading peaks at 2-4x what the tokenizers keep: give the difference back.
+        # Loading peaks well above what the tokenizers keep: give the difference back.
         release_freed_heap()
         return renderer
 

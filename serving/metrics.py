@@ -60,8 +60,8 @@ class RenderMetrics:
             ["worker"], registry=self.registry,
         )
         # Labelled children by label values: ``labels()`` takes a lock and builds a key on each
-        # call (~15 us here), three times per request. Both key sets are bounded (known routes,
-        # HTTP statuses, served models).
+        # call, three times per request. Both key sets are bounded (known routes, HTTP statuses,
+        # served models).
         self._done: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._tokens: dict[str, Any] = {}
 

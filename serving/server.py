@@ -108,8 +108,8 @@ async def _uvicorn(app: Any, sock: socket.socket, opts: ServeOptions,
     import uvicorn
 
     if "uvloop" not in type(asyncio.get_running_loop()).__module__:
-        # uvicorn's httptools protocol on the stdlib loop answers keep-alive requests tens of ms
-        # apart; the services run uvloop wherever it installs.
+        # uvicorn's httptools protocol answers keep-alive requests far later on the stdlib loop
+        # than on uvloop, so the services run uvloop wherever it installs; say so when it is absent.
         log.warning("uvicorn runs on %s, not uvloop: keep-alive requests will be slow",
                     type(asyncio.get_running_loop()).__name__)
 

@@ -54,7 +54,7 @@ def router_with_sim(tmp_path: Path, *sim_extra: str) -> Iterator[tuple[Proc, Pro
 
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_router_exits_on_signal_and_its_engine_on_the_next(tmp_path: Path, sig: str) -> None:
-    """The issue's sequence: the router stops, then its engine is told to stop."""
+    """The shutdown order: the router stops first (its engine waits for it), then the engine."""
     with router_with_sim(tmp_path) as (router, sim, url):
         assert httpx.get(f"{url}/ready", timeout=30).status_code == 200
         kids = _children(router)

@@ -1,6 +1,6 @@
 """The logprobs of one engine message, shared by its outputs: floats as JSON, made once for all.
 
-Per output token, chat logprobs were the costliest part of the stream: k+1 candidates, each a
+Per output token, chat logprobs are the costliest part of the stream: k+1 candidates, each a
 few Python operations. The numbers and token ids of every output of one message are kept here
 side by side, so their JSON text (``texts``) and per-candidate JSON objects (built by
 ``output.logprobs`` with the model's tables, cached in ``entries``) come from a handful of C

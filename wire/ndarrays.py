@@ -7,8 +7,8 @@ frames that follow the msgpack payload. Logprobs travel this way as ``LogprobsLi
 
 Two decodings: ``decode_logprobs`` gives numpy arrays (prompt logprobs, tools, tests); the
 receive path turns the arrays straight into Python numbers (``LogprobRows``) with ``struct``: a
-top-5 row is three arrays of a few bytes, for which numpy's per-call cost (~1 µs each)
-dominated. ``rows_from_wire`` reads the typed arrays (``WireLogprobs``), one unpack each;
+top-5 row is three arrays of a few bytes, for which numpy's per-call cost dominates.
+``rows_from_wire`` reads the typed arrays (``WireLogprobs``), one unpack each;
 ``wire.logprob_layout`` reads a known byte layout with one unpack for all three.
 """
 
@@ -118,7 +118,7 @@ class LogprobRows(msgspec.Struct, gc=False):
     ``frame`` (if set) holds these numbers again, with those of the other outputs of the same
     engine message, from ``offset`` on: formatting works on the whole message at once. A
     Struct, not a NamedTuple: one is made per output and a NamedTuple's ``__new__`` is a
-    Python call (~4x the cost)."""
+    Python call."""
 
     token_ids: Sequence[int]
     logprobs: Sequence[float]
@@ -142,7 +142,7 @@ STRUCT_CODES = {"i4": "i", "f4": "f", "i8": "q", "f8": "d", "i2": "h", "f2": "e"
 @lru_cache(maxsize=256)
 def _unpacker(dtype: str, count: int) -> Callable[[Buffer], tuple[Any, ...]]:
     # One compiled struct per (dtype, length): a per-step logprob row is 1 x (k+1) of a few
-    # dtypes, so the cache stays tiny; unpack is one C call (numpy costs ~1 µs per array).
+    # dtypes, so the cache stays tiny; unpack is one C call (numpy pays a per-call cost per array).
     # KeyError for any other dtype.
     return struct.Struct(f"{STRUCT_ORDER[dtype[:1]]}{count}{STRUCT_CODES[dtype[1:]]}").unpack
 

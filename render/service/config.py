@@ -15,7 +15,8 @@ from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 DEFAULT_PORT = 8100
 # Bodies up to this many bytes always render on the event loop (~2k tokens). Bigger ones render
 # there too while the model's observed cost predicts at most the inline budget below, else on a
-# thread: the handoff costs ~0.3 ms of CPU, more than a whole 10k-token render on the fast path.
+# thread: a thread handoff (executor queue, GIL switch, loop wake-up) can cost more CPU than a
+# whole 10k-token render on the fast path.
 DEFAULT_OFFLOAD_BYTES = 8192
 DEFAULT_INLINE_BUDGET_MS = 2.0
 # Above this a body always renders on a thread, whatever the estimate says (~16k tokens).

@@ -1,7 +1,7 @@
 """The two render POSTs as raw ASGI in front of the Starlette app, for requests that succeed.
 
-Starlette's route matching, Request object, exception and metrics middleware cost ~0.08 ms of a
-~0.6-0.8 ms render request. This route answers a well-formed chat or completion render itself
+Starlette's route matching, Request object, exception and metrics middleware are a measurable share
+of a short render request's CPU. This route answers a well-formed chat or completion render itself
 (same JSON, same metrics) and hands everything else to the Starlette app untouched: other paths,
 bodies without a Content-Length or over the limit. A render that raises is answered by the app's
 own error path (serving/http_errors.py's ErrorPath, the app's exception_handlers), so every error
@@ -96,7 +96,7 @@ class FastRenderRoute:
             CompletionRequest] = codecs.chat if path == CHAT else codecs.completion
         if len(body) > st.limits.inline_max_bytes:
             # No helper took it: a body this big renders on a thread; decoding it there too keeps
-            # the loop free (~0.7 ms per MB of JSON, 25 ms at the 32 MiB limit).
+            # the loop free (JSON decoding costs in proportion to the body, up to the body limit).
             req = await asyncio.get_running_loop().run_in_executor(st.pool, decoder.decode, body)
         else:
             req = decoder.decode(body)
@@ -107,8 +107,8 @@ class FastRenderRoute:
 
 
 # The JSON encoding is part of the job, so an offloaded render is also encoded on its thread:
-# 100k token ids take ~1.8 ms to encode, all of it with the GIL held (msgspec never releases it,
-# which is also why one Encoder may serve the loop and the threads).
+# encoding a big prompt's ids holds the GIL throughout (msgspec never releases it, which is also
+# why one Encoder may serve the loop and the threads).
 def _chat_job(renderer: Renderer, encoder: msgspec.json.Encoder,
               req: ChatCompletionRequest) -> tuple[bytes, int]:
     out = renderer.render_chat(req, array=True)

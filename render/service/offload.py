@@ -91,8 +91,8 @@ class _Helper:
             TOKENIZE: (c.tokenize, _tokenize),
             DETOKENIZE: (c.detokenize, _detokenize),
         }
-        # A process's first render costs ~50 ms more than the next (template and tokenizer
-        # warm-up): paid here, before the helper reports ready, not by the first big request.
+        # A process's first render pays the template's and tokenizer's warm-up: paid here,
+        # before the helper reports ready, not by the first big request.
         for name in self.registry.names():
             with contextlib.suppress(RenderError):  # a template that refuses this chat
                 self.render(CHAT, c.encoder.encode(
@@ -116,9 +116,8 @@ def _init_helper(cfg: ServerConfig, barrier: Any) -> None:
     # Ctrl-C reaches the whole process group; the serving process owns shutdown and stops its
     # helpers itself (a helper dying first would only be respawned mid-shutdown).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # One core per helper (more helpers, more cores): fastokens' BPE thread pool would take the
-    # serving process's core on a small machine, and on a 2-core one it is slower than a single
-    # thread anyway (100k tokens: 2.0 ms wall and 3.1 ms CPU pooled, 1.5 ms single).
+    # One thread per helper (more helpers, more cores): fastokens' BPE thread pool would take
+    # the serving process's core on a small machine, and one helper is meant to be one core's work.
     os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
     _helper = _Helper(cfg, barrier)
@@ -228,7 +227,7 @@ class RenderHelper:
         delay = 1.0
         loop = asyncio.get_running_loop()
         while True:
-            # Spawning takes 15-25 ms of the calling thread (pickling, fork/exec): not the loop's.
+            # Spawning (pickling, fork/exec) blocks the calling thread: it runs off the loop.
             self._spawning = loop.run_in_executor(None, self._spawn)
             try:
                 pool, warm_ups = await asyncio.shield(self._spawning)

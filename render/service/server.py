@@ -1,4 +1,4 @@
-"""`kvroute render`: the render service over HTTP (Starlette on uvicorn or Hypercorn, uvloop).
+"""`kvroute render`: the render service over HTTP (Starlette on the configured server, uvloop).
 
     POST /v1/chat/completions/render   ChatCompletionRequest  -> GenerateRequest
     POST /v1/completions/render        CompletionRequest      -> [GenerateRequest, ...]

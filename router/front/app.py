@@ -111,9 +111,9 @@ class RouterApp(Starlette):
             await super().__call__(scope, receive, send)
         finally:
             # The server's ``send`` is a method of its per-request object, which holds this
-            # scope: left in, the pair is a reference cycle, and the request's stream, channel,
-            # scope and headers (~20 objects) wait for the cyclic collector instead of going at
-            # once (a young-generation pass every ~40 requests, ~1 ms each, here).
+            # scope: left in, the pair is a reference cycle, and everything the request held
+            # (its stream, channel, scope and headers) waits for the cyclic collector instead of
+            # going at once, whose passes then stall whichever request is running.
             del scope[RAW_SEND]
 
 
@@ -218,7 +218,8 @@ def create_app(cfg: RouterConfig,
         # For in-process tools (demo, tests): the same object the handlers see.
         app.state.live = st
         # The startup heap (tokenizers, templates, the index) lives as long as the process, yet
-        # each full collection re-scans it: ~70 ms pauses in the middle of streams. Freeze it.
+        # each full collection re-scans it, a pause in the middle of streams that grows with the
+        # heap. Freeze it.
         gc.collect()
         gc.freeze()
         if on_ready is not None:

@@ -88,7 +88,7 @@ async def _unless_client_leaves(st: RouterState, receive: Receive, opening: Awai
     ``opening`` runs inline in the request's task (a task of its own plus ``asyncio.wait`` cost
     two loop passes between the engine's first output and the answer); the watcher cancels
     this task when the client leaves, and the cancellation becomes ``ClientLeft``. Most
-    openings finish within a millisecond or two, so the watcher (a task) only starts when the
+    openings finish well within ``WATCH_AFTER``, so the watcher (a task) only starts when the
     opening is still waiting after ``WATCH_AFTER``: a client that leaves is noticed that much
     later, and the common request pays for a timer instead of a task and its two steps.
     A client gone before the first token is ``ClientGoneError`` (499)."""

@@ -66,10 +66,9 @@ __all__ = [
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
 READY_MAP_WAIT_MS = 5000
-# The control poll of a linked engine: each wake-up of a zmq.asyncio poll costs ~0.4 ms of CPU,
-# which at 10 per second was most of an idle router's CPU (and ~20% of its CPU per streamed
-# token at vLLM-CPU speeds). A linked engine needs none; this only bounds how late a probe of
-# an engine declared hung starts.
+# The control poll of a linked engine: a linked engine needs no probing, and every wake-up of a
+# zmq.asyncio poll costs CPU (syscalls, a future) on an otherwise idle router. This only bounds
+# how late a probe of an engine declared hung starts.
 LINKED_POLL_MS = 1000
 
 # libzmq's flags and options as plain ints: pyzmq's are enums, whose | runs in Python.
@@ -325,8 +324,8 @@ class EngineClient:
         self, eng: EngineState, kind: bytes, payload: bytes, grace: float | None = None
     ) -> None:
         # A plain (shadow) socket with DONTWAIT: pyzmq's asyncio send wraps the same libzmq call
-        # in a Future and enum flag arithmetic (~20-50 µs per request here), and the input
-        # socket never blocks (no high-water mark), so nothing is awaited on the hot path.
+        # in a Future and enum flag arithmetic, and the input socket never blocks (no high-water
+        # mark), so nothing is awaited on the hot path.
         sock = self._sync_inputs.get(eng)
         if sock is None:
             raise EngineUnavailableError(f"engine {eng.spec.name!r} was removed")
@@ -369,8 +368,8 @@ class EngineClient:
             # A wake nearly always brings a message, so the first recv is just tried (a wake
             # without one ends in zmq.Again, whose failed recv re-arms the edge); after it,
             # "queued" is asked (ZMQ_EVENTS, which re-arms the edge too) rather than found out
-            # by another recv raising zmq.Again: pyzmq builds that exception in Python (~8 µs,
-            # an EVENTS read ~3 µs). Frames are copied to bytes: below pyzmq's copy threshold
+            # by another recv raising zmq.Again: pyzmq builds that exception in Python, dearer than
+            # an EVENTS read. Frames are copied to bytes: below pyzmq's copy threshold
             # a Frame costs more than the copy, and outputs are a few hundred bytes.
             try:
                 frames = [recv(_NOWAIT)]

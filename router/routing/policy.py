@@ -189,7 +189,7 @@ class Policy:
         # load bound, else the least loaded engine (ties in rendezvous-hash order of the head).
         # A tenant whose prefix was evicted thus returns to its engine instead of copying its
         # prefix to a second one (each copy evicts another tenant's), and new tenants spread by
-        # load, not by hash (hashing packed some engines with more prefixes than they hold).
+        # load, not by hash (hashing can pack an engine with more prefixes than its KV cache holds).
         head = _head_hash(tokens)
         ranked = _rendezvous_order(head, loads)
         if best < cfg.min_hit_fraction * n_tokens:
