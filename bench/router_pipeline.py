@@ -293,8 +293,8 @@ def main() -> None:
         if anchor is not None:
             anchor.close()
     calib = min(_calibration() for _ in range(3))
-    print(f"\nmachine load check: sum(range(10**6)) took {calib:.1f} ms of CPU (~12 ms on an "
-          f"idle core of this box; more means every number below is inflated as much)")
+    print(f"\nmachine load check: sum(range(10**6)) took {calib:.1f} ms of CPU (compare it "
+          f"between runs: a larger figure inflates every number below as much)")
     print(f"CPU time (thread_time) per output token, {args.requests} concurrent requests x "
           f"{args.steps} steps (one token each per engine step), best / median of "
           f"{args.repeat} runs\n")
