@@ -93,6 +93,12 @@ class EngineState:
         self.counters = LinkCounters()
         self.tasks: list[asyncio.Task[None]] = []  # listener + control, owned by the client
 
+    @property
+    def handshake_port(self) -> int:
+        """The TCP port to pass to the engine as ``--data-parallel-rpc-port`` (a handshake bound
+        on port 0 learns its port here)."""
+        return int(self.handshake_endpoint.rsplit(":", 1)[1])
+
     def set_raw_stats(self, raw: msgspec.Raw) -> None:
         self._stats_raw = raw
         self._stats = None
