@@ -35,6 +35,8 @@ class RequestLimits:
 
 
 DEFAULT_LIMITS = RequestLimits()
+# vLLM's bound on ``logprob_token_ids`` (sampling_params.py), not configurable there either.
+MAX_LOGPROB_TOKEN_IDS = 128
 # Below this temperature vLLM samples greedily.
 SAMPLING_EPS = 1e-5
 
@@ -90,6 +92,10 @@ def _first_over_limit(sp: SamplingParams, limits: RequestLimits) -> tuple[str, s
             shown = "-1 (the whole vocabulary)" if value == -1 else str(value)
             return (f"Requested {kind} logprobs of {shown}, which is greater than max "
                     f"allowed: {cap}", name)
+    ids = sp.logprob_token_ids
+    if ids is not None and len(ids) > MAX_LOGPROB_TOKEN_IDS:
+        return (f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                f"allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids")
     stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop or []
     if len(stop) > limits.max_stop_strings:
         return (f"stop may hold at most {limits.max_stop_strings} strings (max_stop_strings), "

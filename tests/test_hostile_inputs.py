@@ -13,6 +13,7 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from render.protocol import MAX_JSON_DEPTH
+from render.sampling_checks import MAX_LOGPROB_TOKEN_IDS
 from router.config import Limits
 from serving.guard import MAX_REQUEST_ID
 from tests.render_proc import render_server
@@ -80,6 +81,15 @@ def test_top_logprobs_over_max_logprobs(http: httpx.Client, model: str) -> None:
     ok = http.post("/v1/completions", json={"model": model, "prompt": "hi", "logprobs": 5,
                                             "max_tokens": 2})
     assert ok.status_code == 200, ok.text
+    _healthy(http, model)
+
+
+def test_logprob_token_ids_over_vllms_bound(http: httpx.Client, model: str) -> None:
+    resp = http.post("/v1/chat/completions", json={
+        "model": model, "messages": MSGS, "logprobs": True, "max_tokens": 2,
+        "logprob_token_ids": list(range(MAX_LOGPROB_TOKEN_IDS + 1))})
+    _refused(resp, f"logprob_token_ids of length {MAX_LOGPROB_TOKEN_IDS + 1}",
+             f"max allowed: {MAX_LOGPROB_TOKEN_IDS}", param="logprob_token_ids")
     _healthy(http, model)
 
 
