@@ -32,6 +32,9 @@ class RequestLimits:
     max_logprobs: int = 20
     max_stop_strings: int = 64
     max_stop_bytes: int = 16 * 1024  # UTF-8 bytes of all stop strings together
+    # n x max_tokens x (logprobs + 1): the token and logprob entries one answer may carry (a
+    # collected answer holds them all; ~100 bytes of JSON each). 0: no bound.
+    max_output_entries: int = 1 << 24
 
 
 DEFAULT_LIMITS = RequestLimits()
@@ -96,6 +99,15 @@ def _first_over_limit(sp: SamplingParams, limits: RequestLimits) -> tuple[str, s
     if ids is not None and len(ids) > MAX_LOGPROB_TOKEN_IDS:
         return (f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
                 f"allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids")
+    entries_cap = limits.max_output_entries
+    if entries_cap and sp.max_tokens is not None:
+        per_token = 1 + (sp.logprobs if sp.logprobs and sp.logprobs > 0 else 0) + len(
+            sp.logprob_token_ids or ())
+        entries = sp.n * sp.max_tokens * per_token
+        if entries > entries_cap:
+            return (f"n x max_tokens x (logprobs + 1) = {sp.n} x {sp.max_tokens} x {per_token} = "
+                    f"{entries} exceeds max_output_entries ({entries_cap}): lower n, max_tokens "
+                    "or logprobs.", "n")
     stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop or []
     if len(stop) > limits.max_stop_strings:
         return (f"stop may hold at most {limits.max_stop_strings} strings (max_stop_strings), "

@@ -71,11 +71,15 @@ class Limits:
     max_logprobs: int = 20  # vLLM's --max-logprobs: keep it equal to the engines'
     max_stop_strings: int = 64
     max_stop_bytes: int = 16 * 1024
+    max_output_entries: int = 1 << 24  # n x max_tokens x (logprobs + 1); 0: no bound
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_stop_strings", "max_stop_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_output_entries < 0:
+            raise ValueError(f"max_output_entries must be 0 (no limit) or more, got "
+                             f"{self.max_output_entries}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no limit) or more, got "
                              f"{self.max_logprobs}")
@@ -84,7 +88,7 @@ class Limits:
     def request(self) -> RequestLimits:
         """The per-request bounds render and the token-in path check."""
         return RequestLimits(self.max_n, self.max_logprobs, self.max_stop_strings,
-                             self.max_stop_bytes)
+                             self.max_stop_bytes, self.max_output_entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most stop strings per request (default 64)")
     limits.add_argument("--max-stop-bytes", type=int,
                         help="most UTF-8 bytes of all stop strings together (default 16384)")
+    limits.add_argument("--max-output-entries", type=int,
+                        help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
+                             "0: no limit)")
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -284,7 +291,7 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
     data["policy"] = policy
     limits = dict(data.get("limits", {}))
     for key in ("max_in_flight_per_engine", "max_queue", "max_body_bytes", "max_n",
-                "max_logprobs", "max_stop_strings", "max_stop_bytes"):
+                "max_logprobs", "max_stop_strings", "max_stop_bytes", "max_output_entries"):
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits

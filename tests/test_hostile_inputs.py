@@ -19,12 +19,13 @@ from serving.guard import MAX_REQUEST_ID
 from tests.render_proc import render_server
 
 MSGS = [{"role": "user", "content": "Say something."}]
+OUTPUT_ENTRIES = 10_000  # above the model's context: a request naming no max_tokens passes
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    # A tighter n and logprobs cap than the defaults, to show they are the configured ones.
-    limits = Limits(max_n=8, max_logprobs=5)
+    # Tighter caps than the defaults, to show they are the configured ones.
+    limits = Limits(max_n=8, max_logprobs=5, max_output_entries=OUTPUT_ENTRIES)
     with LocalCluster(ClusterOptions(engines=2, sim={"step_time": 0.001}, limits=limits)) as c:
         yield c
 
@@ -90,6 +91,18 @@ def test_logprob_token_ids_over_vllms_bound(http: httpx.Client, model: str) -> N
         "logprob_token_ids": list(range(MAX_LOGPROB_TOKEN_IDS + 1))})
     _refused(resp, f"logprob_token_ids of length {MAX_LOGPROB_TOKEN_IDS + 1}",
              f"max allowed: {MAX_LOGPROB_TOKEN_IDS}", param="logprob_token_ids")
+    _healthy(http, model)
+
+
+def test_output_entries_bounded(http: httpx.Client, model: str) -> None:
+    """n x max_tokens x (logprobs + 1): each within its own cap, together over the product's."""
+    resp = http.post("/v1/chat/completions", json={
+        "model": model, "messages": MSGS, "n": 3, "temperature": 1.0, "max_tokens": 1000,
+        "logprobs": True, "top_logprobs": 5})
+    _refused(resp, "3 x 1000 x 6 = 18000 exceeds max_output_entries (10000)", param="n")
+    resp = http.post("/v1/completions", json={"model": model, "prompt": "hi", "n": 8,
+                                              "temperature": 1.0, "max_tokens": 1251})
+    _refused(resp, "exceeds max_output_entries", param="n")
     _healthy(http, model)
 
 

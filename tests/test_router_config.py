@@ -134,4 +134,6 @@ def test_request_limit_flags() -> None:
     cfg = parse(["--max-n", "4", "--max-logprobs", "-1", "--max-stop-strings", "2",
                  "--max-stop-bytes", "100"])
     assert cfg.limits.request == RequestLimits(4, -1, 2, 100)
-    assert parse([]).limits.request == RequestLimits() == RequestLimits(1024, 20, 64, 16384)
+    assert parse(["--max-output-entries", "0"]).limits.request.max_output_entries == 0
+    assert parse([]).limits.request == RequestLimits() == RequestLimits(1024, 20, 64, 16384,
+                                                                        1 << 24)

@@ -61,11 +61,12 @@ class ServerConfig:
     max_logprobs: int = DEFAULT_LIMITS.max_logprobs
     max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
     max_stop_bytes: int = DEFAULT_LIMITS.max_stop_bytes
+    max_output_entries: int = DEFAULT_LIMITS.max_output_entries
 
     @property
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_n, self.max_logprobs, self.max_stop_strings,
-                             self.max_stop_bytes)
+                             self.max_stop_bytes, self.max_output_entries)
 
     @property
     def limits(self) -> RenderLimits:
@@ -176,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most stop strings per request")
     s.add_argument("--max-stop-bytes", type=int, default=DEFAULT_LIMITS.max_stop_bytes,
                    help="most UTF-8 bytes of all stop strings together")
+    s.add_argument("--max-output-entries", type=int, default=DEFAULT_LIMITS.max_output_entries,
+                   help="most n x max_tokens x (logprobs + 1) per request (0: no limit)")
     s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
                    help="larger request bodies are refused with 413")
     r = p.add_argument_group("where renders run")
@@ -220,7 +223,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--render-processes", a.render_processes, 0), ("--port", a.port, 0),
                              ("--max-n", a.max_n, 1), ("--max-logprobs", a.max_logprobs, -1),
                              ("--max-stop-strings", a.max_stop_strings, 1),
-                             ("--max-stop-bytes", a.max_stop_bytes, 1)):
+                             ("--max-stop-bytes", a.max_stop_bytes, 1),
+                             ("--max-output-entries", a.max_output_entries, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
     if a.http_server not in TAKES_SOCKET and a.workers > 1:
