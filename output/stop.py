@@ -8,12 +8,18 @@ that completed it are dropped; with ``min_tokens`` a match must end beyond the f
 characters, only the longest suffix that is a prefix of some stop string is withheld, so text
 reaches the client as early as it safely can. Every match lies inside the withheld buffer: text
 is released only once no stop string can start in it.
+
+Work is linear: the hold-back is ``output.holdback.HoldBack`` (KMP, no prefix tables), and a push
+searches only where a match could end in its new text, so the buffer searched is shorter than the
+longest stop string plus the new text.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+
+from output.holdback import HoldBack
 
 
 class StopMatch:
@@ -33,7 +39,8 @@ class StopChecker:
     __slots__ = (
         "_stops",
         "_include",
-        "_by_last",
+        "_hold",
+        "_extend",
         "_pending",
         "_released",
         "_num_tokens",
@@ -44,13 +51,9 @@ class StopChecker:
     def __init__(self, stops: Sequence[str], *, include_in_output: bool, min_tokens: int = 0):
         self._stops = tuple(s for s in stops if s)
         self._include = include_in_output
-        # Every proper prefix of every stop string, keyed by its last character, longest first:
-        # most tokens are released after one dict lookup, the rest after one endswith or two.
-        by_last: dict[str, set[str]] = {}
-        for s in self._stops:
-            for k in range(1, len(s)):
-                by_last.setdefault(s[k - 1], set()).add(s[:k])
-        self._by_last = {c: tuple(sorted(ps, key=len, reverse=True)) for c, ps in by_last.items()}
+        self._hold = HoldBack(self._stops)
+        # Most tokens end in a character no stop prefix ends in: released after one set lookup.
+        self._extend = self._hold.extend_chars
         self._pending = ""
         self._released = 0  # characters released before _pending starts
         self._num_tokens = 0
@@ -79,7 +82,7 @@ class StopChecker:
                 self._protected_end = self._released + len(buf)
         self._pending = buf
         if self._protected_end is not None:
-            match = self._find(buf)
+            match = self._find(buf, start)
             if match is not None:
                 idx, stop = match
                 end = idx + len(stop)
@@ -87,7 +90,7 @@ class StopChecker:
                 text = buf[:end] if self._include else buf[:idx]
                 self._pending = ""
                 return text, StopMatch(text, kept, stop)
-        hold = self._holdback(buf)
+        hold = self._hold.hold(buf, len(buf) - start)
         if hold == len(buf):
             return "", None
         out = buf[: len(buf) - hold]
@@ -99,14 +102,24 @@ class StopChecker:
         """``push`` for one token, the per-token fast path (no min_tokens left to protect)."""
         if self._min_tokens:
             return self.push((piece,))
-        buf = self._pending + piece if self._pending else piece
-        for stop in self._stops:
-            if stop in buf:
-                return self.push((piece,))
-        if buf and buf[-1] in self._by_last:
-            hold = self._holdback(buf)
+        pending = self._pending
+        if pending:
+            buf = pending + piece
+            for stop in self._stops:
+                # A new match ends in the new piece: the held-back text alone holds none.
+                if buf.find(stop, max(len(pending) - len(stop) + 1, 0)) != -1:
+                    return self.push((piece,))
+        else:
+            buf = piece
+            for stop in self._stops:
+                if stop in buf:
+                    return self.push((piece,))
+        if buf and buf[-1] in self._extend:
+            hold = self._hold.hold(buf, len(piece))
             self._pending = buf[len(buf) - hold :]
             return buf[: len(buf) - hold], None
+        # Nothing withheld; the hold-back restarts from the next piece (see HoldBack.hold).
+        # _released only matters with min_tokens, which this path never has.
         self._pending = ""
         return buf, None
 
@@ -116,25 +129,16 @@ class StopChecker:
         self._released += len(out)
         return out
 
-    def _find(self, buf: str) -> tuple[int, str] | None:
+    def _find(self, buf: str, start: int) -> tuple[int, str] | None:
+        """The earliest-completing stop that ends past ``start`` (the text seen before this push)
+        and past the protected text, ties by list order."""
         assert self._protected_end is not None
-        # The buffer is short (only what could still start a stop), so search all of it.
         floor = self._protected_end - self._released
         best: tuple[int, str] | None = None
         best_end = len(buf) + 1
         for stop in self._stops:
-            idx = buf.find(stop)
-            while idx != -1 and idx + len(stop) <= floor:
-                idx = buf.find(stop, idx + 1)
+            # A match ending at or before ``start`` was found by an earlier push or is protected.
+            idx = buf.find(stop, max(max(start, floor) - len(stop) + 1, 0))
             if idx != -1 and idx + len(stop) < best_end:
                 best, best_end = (idx, stop), idx + len(stop)
         return best
-
-    def _holdback(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
-        if not buf:
-            return 0
-        for prefix in self._by_last.get(buf[-1], ()):
-            if buf.endswith(prefix):
-                return len(prefix)
-        return 0

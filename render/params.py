@@ -17,7 +17,7 @@ import msgspec
 
 from render.errors import BadRequestError, ContextLengthError
 from render.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from render.sampling_checks import SAMPLING_EPS, check_sampling
+from render.sampling_checks import DEFAULT_LIMITS, SAMPLING_EPS, RequestLimits, check_sampling
 from wire.sampling import (
     OUTPUT_DELTA,
     OUTPUT_FINAL_ONLY,
@@ -136,6 +136,7 @@ def build_sampling_params(
     defaults: dict[str, Any],
     generation_config: dict[str, Any],
     eos_token_id: int | None,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> SamplingParams:
     """The SamplingParams vLLM's frontend would hand its engine for this request."""
     values = {
@@ -181,7 +182,7 @@ def build_sampling_params(
         thinking_token_budget=req.thinking_token_budget,
         routed_experts_prompt_start=req.routed_experts_prompt_start,
     )
-    check_sampling(sp)
+    check_sampling(sp, limits=limits)
     if req.stream_options is not None and not req.stream:
         raise BadRequestError("Stream options can only be defined when `stream=True`.",
                               "stream_options")

@@ -5,6 +5,13 @@ while decoding, with msgspec's ``... - at `$.field``` messages. Optional message
 ``UNSET`` so the template sees exactly the keys the client sent, as it does in vLLM.
 ``GenerateRequest`` keeps vLLM's field order
 (``vllm/entrypoints/scale_out/token_in_token_out/protocol.py``).
+
+Free-form JSON values (``chat_template_kwargs``, tool ``parameters``, ``vllm_xargs``, schemas, ...)
+may nest at most ``MAX_JSON_DEPTH`` levels: the template, the engine's encoder and vLLM itself
+recurse into them, and a value nested a thousand deep would end there as a RecursionError (a
+500). Each struct holding one checks it in ``__post_init__``, which msgspec runs while decoding,
+so the 400 names the field; a value too deep for msgspec's own recursion is refused by
+``decode_request``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Annotated, Any, Literal, get_args
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from render.errors import BadRequestError
 from wire.sampling import RepetitionDetectionParams, SamplingParams, StructuredOutputsParams
 
 INT64_MIN = -(2**63)
@@ -23,6 +31,46 @@ Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 TokenId = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 CacheSalt = Annotated[str, Meta(min_length=1, max_length=1024)]
+
+# How deep a free-form JSON value may nest (a scalar is depth 0, ``[]`` and ``{}`` depth 1).
+MAX_JSON_DEPTH = 64
+
+
+def _too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` (decoded JSON: dicts, lists, scalars) nests deeper than ``limit``."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth + 1 > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list | tuple))
+    return False
+
+
+def _check_depth(owner: object, *names: str) -> None:
+    """Refuse (ValueError, turned into a 400 by msgspec) a named field nested too deep."""
+    for name in names:
+        value = getattr(owner, name)
+        if isinstance(value, dict | list) and _too_deep(value):
+            raise ValueError(f"{name} nests deeper than {MAX_JSON_DEPTH} levels "
+                             f"(the router's JSON depth limit)")
+
+
+def decode_request(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
+    """``decoder.decode(body)``, with a body nested beyond msgspec's recursion refused as a 400."""
+    try:
+        return decoder.decode(body)
+    except RecursionError:
+        raise BadRequestError(f"The request body nests deeper than {MAX_JSON_DEPTH} levels "
+                              "(the router's JSON depth limit).") from None
+
 
 # The content part types vLLM parses as text, and those it would hand to a multimodal processor.
 TextPartType = Literal["text", "input_text", "output_text", "refusal", "thinking", "tool_reference"]
@@ -48,6 +96,9 @@ class ContentPart(msgspec.Struct, omit_defaults=True):
     video_url: Any = UNSET
     uuid: str | None | UnsetType = UNSET
 
+    def __post_init__(self) -> None:
+        _check_depth(self, "image_url", "input_audio", "audio_url", "video_url")
+
 
 Content = str | list[str | ContentPart] | None
 
@@ -56,6 +107,9 @@ class FunctionCall(msgspec.Struct, omit_defaults=True):
     name: str
     # A JSON string per OpenAI; vLLM also accepts an object.
     arguments: str | dict[str, Any] | None | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        _check_depth(self, "arguments")
 
 
 class ToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -77,12 +131,18 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     reasoning_content: str | None | UnsetType = UNSET
     tools: list[dict[str, Any]] | None | UnsetType = UNSET
 
+    def __post_init__(self) -> None:
+        _check_depth(self, "tools")
+
 
 class FunctionDefinition(msgspec.Struct, omit_defaults=True):
     name: Annotated[str, Meta(min_length=1)]
     description: str | UnsetType = UNSET
     parameters: dict[str, Any] | UnsetType = UNSET
     strict: bool | None | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        _check_depth(self, "parameters")
 
 
 class Tool(msgspec.Struct, omit_defaults=True):
@@ -111,6 +171,9 @@ class JsonSchemaSpec(msgspec.Struct, omit_defaults=True):
     schema: dict[str, Any] | None = None
     strict: bool | None = None
 
+    def __post_init__(self) -> None:
+        _check_depth(self, "schema")
+
 
 class ResponseFormat(msgspec.Struct, omit_defaults=True):
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
@@ -119,6 +182,9 @@ class ResponseFormat(msgspec.Struct, omit_defaults=True):
     structures: list[dict[str, Any]] | None = None
     triggers: list[str] | None = None
     format: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _check_depth(self, "structures", "format")
 
 
 Stop = str | list[str] | None
@@ -174,6 +240,11 @@ class _SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     return_token_offsets: bool | None = False
     echo: bool | None = False
 
+    def __post_init__(self) -> None:
+        _check_depth(self, "kv_transfer_params", "ec_transfer_params", "vllm_xargs")
+        if self.structured_outputs is not None:
+            _check_depth(self.structured_outputs, "json")
+
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True, omit_defaults=True):
     """``POST /v1/chat/completions`` (and its ``/render``), vLLM 0.32's fields."""
@@ -198,6 +269,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True, omit_defaults=True):
     chat_template_kwargs: dict[str, Any] | None = None
     session_id: str | None = None
     return_tokens_as_token_ids: bool | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_depth(self, "chat_template_kwargs", "documents")
 
 
 class CompletionRequest(_SamplingFields, kw_only=True, omit_defaults=True):
@@ -225,6 +300,9 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: Annotated[list[Tool], Meta(min_length=1)] | None = None
 
+    def __post_init__(self) -> None:
+        _check_depth(self, "chat_template_kwargs")
+
 
 class TokenizeResponse(msgspec.Struct):
     count: int
@@ -244,6 +322,9 @@ class DetokenizeResponse(msgspec.Struct):
 
 class ReasoningParserKwargs(msgspec.Struct):
     chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_depth(self, "chat_template_kwargs")
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
@@ -266,3 +347,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        _check_depth(self, "features", "content_parts", "kv_transfer_params",
+                     "ec_transfer_params")
+        _check_depth(self.sampling_params, "extra_args")
+        if self.sampling_params.structured_outputs is not None:
+            _check_depth(self.sampling_params.structured_outputs, "json")

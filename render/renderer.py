@@ -33,6 +33,7 @@ from render.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.template import ChatTemplate, TemplateCache
 from render.token_json import TokenArray, TokenIds, join
 
@@ -76,8 +77,10 @@ class Renderer:
         cache_bytes: int,
         harmony_start_date: str | None,
         fast_tokenizer: bool = True,
+        limits: RequestLimits = DEFAULT_LIMITS,
     ) -> None:
         self.files = files
+        self.limits = limits
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.allow_request_chat_template = allow_request_chat_template
@@ -123,6 +126,7 @@ class Renderer:
         cache_bytes: int = 64 << 20,
         harmony_start_date: str | None = None,
         fast_tokenizer: bool = True,
+        limits: RequestLimits = DEFAULT_LIMITS,
     ) -> Renderer:
         """Load a local HF model directory (default: the embedded Qwen3). ``chat_template`` is
         the template text or a path to a file holding it. ``fast_tokenizer=False`` keeps
@@ -144,6 +148,7 @@ class Renderer:
             cache_bytes=cache_bytes,
             harmony_start_date=harmony_start_date,
             fast_tokenizer=fast_tokenizer,
+            limits=limits,
         )
         # Loading peaks well above what the tokenizers keep: give the difference back.
         release_freed_heap()
@@ -449,6 +454,7 @@ class Renderer:
             defaults=self.default_sampling,
             generation_config=self.generation_config,
             eos_token_id=self.eos_token_id,
+            limits=self.limits,
         )
         return GenerateRequest(
             request_id=request_id,

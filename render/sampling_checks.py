@@ -10,29 +10,55 @@ the field sits in each body.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from render.errors import BadRequestError
 from wire.sampling import SamplingParams
 
-# Render's requests cap ``n`` at decode time (render/protocol.py); token-in requests here.
+# Render's requests cap ``n`` at decode time too (render/protocol.py); token-in requests here.
 MAX_N = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on the work one request may ask for (docs/operations.md, "Request limits").
+
+    ``max_logprobs`` is vLLM's (``--max-logprobs``, default 20, -1: the whole vocabulary); keep it
+    equal to the engines'. vLLM has no bound on ``n`` or on stop strings: those are the router's,
+    because every choice and every stop string costs work per output token.
+    """
+
+    max_n: int = MAX_N
+    max_logprobs: int = 20
+    max_stop_strings: int = 64
+    max_stop_bytes: int = 16 * 1024  # UTF-8 bytes of all stop strings together
+    # n x max_tokens x (logprobs + 1): the token and logprob entries one answer may carry (a
+    # collected answer holds them all; ~100 bytes of JSON each). 0: no bound.
+    max_output_entries: int = 1 << 24
+
+
+DEFAULT_LIMITS = RequestLimits()
+# vLLM's bound on ``logprob_token_ids`` (sampling_params.py), not configurable there either.
+MAX_LOGPROB_TOKEN_IDS = 128
 # Below this temperature vLLM samples greedily.
 SAMPLING_EPS = 1e-5
 
 
-def check_sampling(sp: SamplingParams, where: str = "") -> None:
-    """Raise a 400 for the first field vLLM would refuse; ``where`` prefixes the param named."""
-    bad = _first_bad(sp)
+def check_sampling(sp: SamplingParams, where: str = "",
+                   limits: RequestLimits = DEFAULT_LIMITS) -> None:
+    """Raise a 400 for the first field vLLM would refuse, or beyond ``limits``; ``where``
+    prefixes the param named."""
+    bad = _first_bad(sp, limits)
     if bad is not None:
         message, param = bad
         raise BadRequestError(message, where + param)
 
 
-def _first_bad(sp: SamplingParams) -> tuple[str, str] | None:
+def _first_bad(sp: SamplingParams, limits: RequestLimits) -> tuple[str, str] | None:
     if sp.n < 1:
         return f"n must be at least 1, got {sp.n}.", "n"
-    if sp.n > MAX_N:
-        return f"n must be at most {MAX_N}, got {sp.n}.", "n"
+    if sp.n > limits.max_n:
+        return f"n must be at most {limits.max_n}, got {sp.n}.", "n"
     for name, value in (("presence_penalty", sp.presence_penalty),
                         ("frequency_penalty", sp.frequency_penalty)):
         if not -2.0 <= value <= 2.0:  # NaN fails too
@@ -57,7 +83,40 @@ def _first_bad(sp: SamplingParams) -> tuple[str, str] | None:
         return f"min_p must be in [0, 1], got {sp.min_p}.", "min_p"
     if sp.temperature < SAMPLING_EPS and sp.n > 1:  # __post_init__'s _verify_greedy_sampling
         return f"n must be 1 when using greedy sampling, got {sp.n}.", "n"
-    return _first_bad_length_or_output(sp)
+    return _first_bad_length_or_output(sp) or _first_over_limit(sp, limits)
+
+
+def _first_over_limit(sp: SamplingParams, limits: RequestLimits) -> tuple[str, str] | None:
+    """vLLM's ``_validate_logprobs`` and the router's stop-string bounds."""
+    cap = limits.max_logprobs
+    for name, kind, value in (("logprobs", "sample", sp.logprobs),
+                              ("prompt_logprobs", "prompt", sp.prompt_logprobs)):
+        if value and cap != -1 and (value == -1 or value > cap):
+            shown = "-1 (the whole vocabulary)" if value == -1 else str(value)
+            return (f"Requested {kind} logprobs of {shown}, which is greater than max "
+                    f"allowed: {cap}", name)
+    ids = sp.logprob_token_ids
+    if ids is not None and len(ids) > MAX_LOGPROB_TOKEN_IDS:
+        return (f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                f"allowed: {MAX_LOGPROB_TOKEN_IDS}", "logprob_token_ids")
+    entries_cap = limits.max_output_entries
+    if entries_cap and sp.max_tokens is not None:
+        per_token = 1 + (sp.logprobs if sp.logprobs and sp.logprobs > 0 else 0) + len(
+            sp.logprob_token_ids or ())
+        entries = sp.n * sp.max_tokens * per_token
+        if entries > entries_cap:
+            return (f"n x max_tokens x (logprobs + 1) = {sp.n} x {sp.max_tokens} x {per_token} = "
+                    f"{entries} exceeds max_output_entries ({entries_cap}): lower n, max_tokens "
+                    "or logprobs.", "n")
+    stop = [sp.stop] if isinstance(sp.stop, str) else sp.stop or []
+    if len(stop) > limits.max_stop_strings:
+        return (f"stop may hold at most {limits.max_stop_strings} strings (max_stop_strings), "
+                f"got {len(stop)}.", "stop")
+    total = sum(len(s.encode("utf-8", "surrogatepass")) for s in stop)
+    if total > limits.max_stop_bytes:
+        return (f"stop strings may total at most {limits.max_stop_bytes} bytes "
+                f"(max_stop_bytes), got {total}.", "stop")
+    return None
 
 
 def _first_bad_length_or_output(sp: SamplingParams) -> tuple[str, str] | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from render.models import EMBEDDED_MODEL
+from render.sampling_checks import MAX_N, RequestLimits
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
 
@@ -65,6 +66,29 @@ class Limits:
     max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
     # An engine silent this long while it has requests is dead (its streams end with an error).
     engine_dead_after: float = 30.0
+    # Work one request may ask for (render.sampling_checks.RequestLimits; docs/operations.md).
+    max_n: int = MAX_N
+    max_logprobs: int = 20  # vLLM's --max-logprobs: keep it equal to the engines'
+    max_stop_strings: int = 64
+    max_stop_bytes: int = 16 * 1024
+    max_output_entries: int = 1 << 24  # n x max_tokens x (logprobs + 1); 0: no bound
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_stop_strings", "max_stop_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_output_entries < 0:
+            raise ValueError(f"max_output_entries must be 0 (no limit) or more, got "
+                             f"{self.max_output_entries}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (no limit) or more, got "
+                             f"{self.max_logprobs}")
+
+    @property
+    def request(self) -> RequestLimits:
+        """The per-request bounds render and the token-in path check."""
+        return RequestLimits(self.max_n, self.max_logprobs, self.max_stop_strings,
+                             self.max_stop_bytes, self.max_output_entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +233,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-in-flight-per-engine", type=int)
     limits.add_argument("--max-queue", type=int)
     limits.add_argument("--max-body-bytes", type=int)
+    limits.add_argument("--max-n", type=int, help=f"most choices per request (default {MAX_N})")
+    limits.add_argument("--max-logprobs", type=int,
+                        help="most logprobs/top_logprobs/prompt_logprobs, as vLLM's "
+                             "--max-logprobs (default 20; -1: no limit)")
+    limits.add_argument("--max-stop-strings", type=int,
+                        help="most stop strings per request (default 64)")
+    limits.add_argument("--max-stop-bytes", type=int,
+                        help="most UTF-8 bytes of all stop strings together (default 16384)")
+    limits.add_argument("--max-output-entries", type=int,
+                        help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
+                             "0: no limit)")
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -255,7 +290,8 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
             policy[key] = getattr(args, flag)
     data["policy"] = policy
     limits = dict(data.get("limits", {}))
-    for key in ("max_in_flight_per_engine", "max_queue", "max_body_bytes"):
+    for key in ("max_in_flight_per_engine", "max_queue", "max_body_bytes", "max_n",
+                "max_logprobs", "max_stop_strings", "max_stop_bytes", "max_output_entries"):
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits

@@ -8,6 +8,7 @@ from bisect import bisect_left
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from output.holdback import HoldBack, held_back
 from output.stop import StopChecker
 
 
@@ -65,6 +66,12 @@ stops_st = st.lists(st.text(alphabet="abc", min_size=1, max_size=4), min_size=1,
 @settings(max_examples=600, deadline=None)
 @given(batches=batches_st, stops=stops_st, include=st.booleans(), min_tokens=st.integers(0, 6))
 def test_matches_vllm_and_holds_back_minimally(
+    batches: list[list[str]], stops: list[str], include: bool, min_tokens: int
+) -> None:
+    _check_against_vllm(batches, stops, include, min_tokens)
+
+
+def _check_against_vllm(
     batches: list[list[str]], stops: list[str], include: bool, min_tokens: int
 ) -> None:
     want_text, want_stop, want_kept = _vllm_reference(batches, stops, include, min_tokens)
@@ -128,3 +135,68 @@ def test_no_stops_passes_through() -> None:
     assert c.push(["a", "b"]) == ("ab", None)
     c = StopChecker([""], include_in_output=False)  # empty stop strings are ignored
     assert not c.active
+
+
+def _naive_held_back(text: str, markers: list[str]) -> int:
+    return max((k for m in markers for k in range(1, min(len(m), len(text) + 1))
+                if text.endswith(m[:k])), default=0)
+
+
+def _adversarial(n: int) -> st.SearchStrategy[str]:
+    """Long stop strings with long borders: the shapes that defeat a naive scan."""
+    return st.sampled_from(["a" * n + "b", "ab" * n, "a" * n, "aab" * (n // 3) + "aac",
+                            "abaabaab"[: n % 8 + 1] * (n // 8 + 1)])
+
+
+long_stops_st = st.integers(2, 120).flatmap(
+    lambda n: st.lists(st.one_of(_adversarial(n), st.text(alphabet="abc", min_size=1,
+                                                          max_size=n)), min_size=1, max_size=4))
+long_batches_st = st.lists(st.lists(st.text(alphabet="abc", max_size=40), min_size=1, max_size=4),
+                           min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="ab", max_size=300), stops=long_stops_st)
+def test_held_back_matches_naive(text: str, stops: list[str]) -> None:
+    assert held_back(text, stops) == _naive_held_back(text, stops)
+    hb = HoldBack(stops)
+    # Streamed one character at a time, the tail handed in is what the last call held back.
+    tail = ""
+    for i, ch in enumerate(text):
+        tail += ch
+        k = hb.hold(tail, 1)
+        assert k == _naive_held_back(text[: i + 1], stops)
+        tail = tail[len(tail) - k:]
+    assert len(tail) == _naive_held_back(text, stops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches=long_batches_st, stops=long_stops_st, include=st.booleans(),
+       min_tokens=st.integers(0, 6))
+def test_long_adversarial_stops_match_vllm(
+    batches: list[list[str]], stops: list[str], include: bool, min_tokens: int
+) -> None:
+    _check_against_vllm(batches, stops, include, min_tokens)
+
+
+def test_stop_string_memory_is_linear() -> None:
+    """A 200k-character stop string over as much text: a table of its prefixes would take ~20 GB."""
+    import tracemalloc
+
+    n = 200_000
+    tracemalloc.start()
+    try:
+        c = StopChecker(["a" * n + "b"], include_in_output=False)
+        released = ""
+        for _ in range(n // 1000):
+            out, match = c.push(["a" * 1000])
+            assert match is None
+            released += out
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert released == ""  # every "a" could still begin the stop
+    text, match = c.push(["b"])
+    assert match is not None and text == ""
+    # Failure table (8 bytes an entry, n+2 entries) and the withheld text, with slack.
+    assert peak < 64 * n

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from render.sampling_checks import RequestLimits
 from router.config import ConfigError, from_mapping
 from router.main import parse
 from router.routing.admission import Admission
@@ -74,6 +75,8 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
     ({"engines": [{"handshake": "x", "color": 1}]}, "engines[0]"),
     ({"limits": {"max_queue": 1, "bogus": 2}}, "limits"),
     ({"http_server": "gunicorn"}, "http_server must be one of"),
+    ({"limits": {"max_n": 0}}, "max_n must be at least 1"),
+    ({"limits": {"max_logprobs": -2}}, "max_logprobs must be -1"),
 ])
 def test_config_errors_name_the_key(data: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
@@ -125,3 +128,12 @@ async def test_admission_queue_fifo_then_429_and_503() -> None:
     with pytest.raises(OverloadedError) as timeout:
         await short.wait_for_slot(lambda: bool(short.open_engines(engines)))
     assert timeout.value.status == 503
+
+
+def test_request_limit_flags() -> None:
+    cfg = parse(["--max-n", "4", "--max-logprobs", "-1", "--max-stop-strings", "2",
+                 "--max-stop-bytes", "100"])
+    assert cfg.limits.request == RequestLimits(4, -1, 2, 100)
+    assert parse(["--max-output-entries", "0"]).limits.request.max_output_entries == 0
+    assert parse([]).limits.request == RequestLimits() == RequestLimits(1024, 20, 64, 16384,
+                                                                        1 << 24)

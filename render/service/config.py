@@ -10,6 +10,7 @@ from typing import TextIO
 
 from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
+from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
 DEFAULT_PORT = 8100
@@ -55,6 +56,17 @@ class ServerConfig:
     access_log: bool = False
     http_server: str = DEFAULT_HTTP_SERVER
     switch_interval: float = 0.0005
+    # Work one request may ask for (render.sampling_checks.RequestLimits; docs/operations.md).
+    max_n: int = DEFAULT_LIMITS.max_n
+    max_logprobs: int = DEFAULT_LIMITS.max_logprobs
+    max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
+    max_stop_bytes: int = DEFAULT_LIMITS.max_stop_bytes
+    max_output_entries: int = DEFAULT_LIMITS.max_output_entries
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_n, self.max_logprobs, self.max_stop_strings,
+                             self.max_stop_bytes, self.max_output_entries)
 
     @property
     def limits(self) -> RenderLimits:
@@ -156,6 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
     s.add_argument("--workers", type=int, default=1, help="worker processes sharing the socket")
+    s.add_argument("--max-n", type=int, default=DEFAULT_LIMITS.max_n,
+                   help="most choices per request")
+    s.add_argument("--max-logprobs", type=int, default=DEFAULT_LIMITS.max_logprobs,
+                   help="most logprobs/top_logprobs/prompt_logprobs, as vLLM's --max-logprobs "
+                        "(-1: no limit)")
+    s.add_argument("--max-stop-strings", type=int, default=DEFAULT_LIMITS.max_stop_strings,
+                   help="most stop strings per request")
+    s.add_argument("--max-stop-bytes", type=int, default=DEFAULT_LIMITS.max_stop_bytes,
+                   help="most UTF-8 bytes of all stop strings together")
+    s.add_argument("--max-output-entries", type=int, default=DEFAULT_LIMITS.max_output_entries,
+                   help="most n x max_tokens x (logprobs + 1) per request (0: no limit)")
     s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
                    help="larger request bodies are refused with 413")
     r = p.add_argument_group("where renders run")
@@ -197,7 +220,11 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--inline-budget-ms", a.inline_budget_ms, 0),
                              ("--inline-max-bytes", a.inline_max_bytes, 0),
                              ("--render-threads", a.render_threads, 1),
-                             ("--render-processes", a.render_processes, 0), ("--port", a.port, 0)):
+                             ("--render-processes", a.render_processes, 0), ("--port", a.port, 0),
+                             ("--max-n", a.max_n, 1), ("--max-logprobs", a.max_logprobs, -1),
+                             ("--max-stop-strings", a.max_stop_strings, 1),
+                             ("--max-stop-bytes", a.max_stop_bytes, 1),
+                             ("--max-output-entries", a.max_output_entries, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
     if a.http_server not in TAKES_SOCKET and a.workers > 1:

@@ -21,7 +21,7 @@ import msgspec
 from starlette.requests import Request
 
 from render import Renderer
-from render.protocol import ChatCompletionRequest, CompletionRequest
+from render.protocol import ChatCompletionRequest, CompletionRequest, decode_request
 from render.service.offload import CHAT, COMPLETIONS
 from render.service.state import RenderState, render_state
 from serving.http_errors import ErrorPath
@@ -97,9 +97,10 @@ class FastRenderRoute:
         if len(body) > st.limits.inline_max_bytes:
             # No helper took it: a body this big renders on a thread; decoding it there too keeps
             # the loop free (JSON decoding costs in proportion to the body, up to the body limit).
-            req = await asyncio.get_running_loop().run_in_executor(st.pool, decoder.decode, body)
+            req = await asyncio.get_running_loop().run_in_executor(st.pool, decode_request,
+                                                                     decoder, body)
         else:
-            req = decoder.decode(body)
+            req = decode_request(decoder, body)
         renderer = st.models.get(req.model)
         job: Callable[..., tuple[bytes, int]] = _chat_job if path == CHAT else _completion_job
         payload, tokens = await st.run(renderer, len(body), job, renderer, codecs.encoder, req)

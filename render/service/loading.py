@@ -15,6 +15,7 @@ from render.protocol import (
 )
 from render.registry import ModelRegistry
 from render.renderer import Renderer
+from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
 from render.token_json import json_encoder
 
@@ -31,8 +32,8 @@ class Codecs:
         self.encoder = json_encoder()
 
 
-def load_models(specs: Iterable[ModelSpec], *,
-                allow_request_chat_template: bool = False) -> ModelRegistry:
+def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
+                limits: RequestLimits = DEFAULT_LIMITS) -> ModelRegistry:
     """The renderers of ``specs``, in order (the first is the default model)."""
     return ModelRegistry([
         Renderer.load(
@@ -42,6 +43,7 @@ def load_models(specs: Iterable[ModelSpec], *,
             served_model_name=spec.served_model_name,
             max_model_len=spec.max_model_len,
             allow_request_chat_template=allow_request_chat_template,
+            limits=limits,
         )
         for spec in specs
     ])

@@ -28,6 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple
 
 from render.errors import RenderError
+from render.protocol import decode_request
 from render.renderer import Renderer
 from render.service.config import ServerConfig
 from render.service.loading import Codecs, find_model, load_models
@@ -82,7 +83,8 @@ class _Helper:
 
     def __init__(self, cfg: ServerConfig, barrier: Any) -> None:
         self.registry = load_models(
-            cfg.models, allow_request_chat_template=cfg.allow_request_chat_template)
+            cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
+            limits=cfg.request_limits)
         self.codecs = c = Codecs()
         self.barrier = barrier
         self.jobs: dict[str, tuple[Any, Callable[[Renderer, Any], tuple[object, int]]]] = {
@@ -100,7 +102,7 @@ class _Helper:
 
     def render(self, path: str, body: bytes) -> Rendered:
         decoder, job = self.jobs[path]
-        req = decoder.decode(body)
+        req = decode_request(decoder, body)
         renderer = find_model(self.registry, req.model)
         out, tokens = job(renderer, req)
         return Rendered(self.codecs.encoder.encode(out), tokens, renderer.served_model_name)

@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from render.protocol import decode_request
 from render.renderer import Renderer
 from render.service.config import ServerConfig, parse_args
 from render.service.fast_route import FastRenderRoute
@@ -82,7 +83,7 @@ async def _render_endpoint(request: Request, path: str,
     body = await read_body(request, st.limits.max_body_bytes)
     if (answer := await offloaded(st, path, body)) is not None:
         return answer
-    req = decoder(st.codecs).decode(body)
+    req = decode_request(decoder(st.codecs), body)
     renderer = st.models.get(req.model)
     out = await st.run(renderer, len(body), method(renderer), req)
     if prompt_tokens is not None:
@@ -153,7 +154,8 @@ def create_app(cfg: ServerConfig, *,
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, RenderState]]:
         registry = await asyncio.to_thread(
-            load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template)
+            load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
+            limits=cfg.request_limits)
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.

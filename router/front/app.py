@@ -77,10 +77,11 @@ class Guard:
             return
         send_with_id = RequestIdSend(scope["headers"], send)
         path = scope["path"]
-        refusal: APIError | None = None
-        if path not in PROBES and not self.api_key.admits(scope["headers"]):
+        refusal: APIError | None = send_with_id.refusal  # an unfit x-request-id
+        if refusal is None and path not in PROBES and not self.api_key.admits(scope["headers"]):
             refusal = AuthenticationError()
-        elif self.lifecycle.draining and path not in PROBES and scope["method"] == "POST":
+        elif refusal is None and self.lifecycle.draining and path not in PROBES and (
+                scope["method"] == "POST"):
             refusal = ShuttingDownError()
         if refusal is not None:
             await error_response(refusal)(scope, receive, send_with_id)
@@ -189,7 +190,8 @@ def create_app(cfg: RouterConfig,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
-        models = Models(await asyncio.to_thread(load_models, [spec]), int(time.time()))
+        models = Models(await asyncio.to_thread(
+            lambda: load_models([spec], limits=cfg.limits.request)), int(time.time()))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)

@@ -70,6 +70,10 @@ class FastPath:
                        send: Send) -> None:
         arrival = time.perf_counter()
         send_with_id = RequestIdSend(scope["headers"], send)
+        if send_with_id.refusal is not None:
+            await self.errors.answer(Request(scope, receive), send_with_id.refusal)(
+                scope, receive, send_with_id)
+            return
         chunks = []
         while True:
             message = await receive()

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from output.detokenize import TokenDecoder
 from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from render.errors import BadRequestError
-from render.protocol import GenerateRequest
+from render.protocol import GenerateRequest, decode_request
 from render.renderer import Renderer
 from render.sampling_checks import check_sampling
 from router.config import EngineSpec
@@ -141,7 +141,7 @@ async def _give_back(st: RouterState, result: object) -> None:
 async def open_chat(st: RouterState, receive: Receive, body: bytes,
                     arrival: float) -> EngineResponse:
     """A read chat completions body: render, route, open; its answer is the returned app."""
-    req = st.render.codecs.chat.decode(body)
+    req = decode_request(st.render.codecs.chat, body)
     renderer = st.models.get(req.model)
     if st.remote is not None:
         gen = await st.remote.render_chat(body)
@@ -164,7 +164,7 @@ async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec:
 async def open_completion(st: RouterState, receive: Receive, body: bytes,
                           arrival: float) -> EngineResponse:
     """A read completions body: render (one or several prompts), route, open."""
-    req = st.render.codecs.completion.decode(body)
+    req = decode_request(st.render.codecs.completion, body)
     renderer = st.models.get(req.model)
     if st.remote is not None:
         gens = await st.remote.render_completion(body)
@@ -218,14 +218,14 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes,
                         arrival: float) -> EngineResponse:
     """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text)
     out. The read body: decode and check it, route, open."""
-    gen = st.generate_decoder.decode(body)
+    gen = decode_request(st.generate_decoder, body)
     renderer = st.models.get(gen.model)
     vocab = renderer.vocab_size
     if not gen.token_ids:
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
     if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
         raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
-    check_sampling(gen.sampling_params, "sampling_params.")
+    check_sampling(gen.sampling_params, "sampling_params.", st.config.limits.request)
     if len(gen.token_ids) >= renderer.max_model_len:
         raise BadRequestError(
             f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
