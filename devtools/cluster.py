@@ -42,6 +42,9 @@ class ClusterOptions:
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
     port: int = 0  # the router's port on 127.0.0.1 (0: any free one)
+    # The router's context length when it must differ from the sims' (tests of an engine that
+    # refuses what the router admits); None: the sims' own.
+    router_max_model_len: int | None = None
 
 
 class LocalCluster:
@@ -71,6 +74,8 @@ class LocalCluster:
         # Router and sims agree on the context length, so no prompt the router admits fails on
         # an engine (external engines: the model's, as vLLM derives it).
         max_len = None if self.options.external else self.sim_options()["max_model_len"]
+        if self.options.router_max_model_len is not None:
+            max_len = self.options.router_max_model_len
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
                             max_model_len=max_len,

@@ -150,7 +150,9 @@ SIM_MAX_MODEL_LEN = 64
 def cluster() -> Iterator[LocalCluster]:
     # The engine's context is shorter than the renderer's: a prompt between the two passes the
     # router's check and is refused by the engine (FinishReason.ERROR with its message).
-    opts = ClusterOptions(engines=1, sim={"max_model_len": SIM_MAX_MODEL_LEN})
+    # The router admits what the engine then refuses: the engine's failure is what is tested.
+    opts = ClusterOptions(engines=1, sim={"max_model_len": SIM_MAX_MODEL_LEN},
+                          router_max_model_len=4 * SIM_MAX_MODEL_LEN)
     with LocalCluster(opts) as c:
         yield c
 
