@@ -19,7 +19,7 @@ import msgspec
 
 from output.openai_types import Chunk
 from output.pipeline import Pipeline
-from serving.errors import APIError, EngineLinkError, EngineOutputError, sse_event
+from serving.errors import APIError, EngineLinkError, EngineOutputError, api_error, sse_event
 from wire.engine import EngineCoreOutput
 
 log = logging.getLogger("kvroute.sse")
@@ -35,6 +35,18 @@ Abort = Callable[[int], Awaitable[None]]
 # Scope key for the server's own ASGI ``send`` (set by the router's outermost middleware):
 # every middleware send wrapper runs per body chunk and none of them acts on bodies.
 RAW_SEND = "kvroute.raw_send"
+
+
+class StreamEnd:
+    """How a stream's body ended, as ``sse_stream`` (the one place that knows) records it:
+    ``completed`` after the request's last event, ``error`` when an error event ended it; neither
+    while the body is unfinished (the client left, or the writer was stopped)."""
+
+    __slots__ = ("completed", "error")
+
+    def __init__(self) -> None:
+        self.completed = False
+        self.error: APIError | None = None
 
 
 class SSEEncoder:
@@ -59,8 +71,10 @@ async def sse_stream(
     abort: Abort | None = None,
     encoder: SSEEncoder | None = None,
     ready: Callable[[], bool] | None = None,
+    end: StreamEnd | None = None,
 ) -> AsyncIterator[bytes]:
     """The whole SSE body of one request; a failure mid-way ends it with an error event.
+    ``end`` records which of the two it was once the last bytes are produced.
 
     ``ready()`` says whether the next output is already queued (``outputs`` will not wait):
     then its event joins the same yielded bytes, so outputs that arrived together cost one
@@ -93,14 +107,17 @@ async def sse_stream(
         last = pipeline.end()
         if last:
             pending.append(enc.events(last))
+        error: APIError | None = None
     except APIError as exc:  # the engine failed the request, died or went silent (503)
         if isinstance(exc, EngineLinkError):
             log.warning("engine failed mid-stream", extra={
                 "request_id": pipeline.spec.request_id, "error": str(exc)})
         pending.append(sse_event(exc))
+        error = exc
     except Exception as exc:  # the stream has started: the error can only go in-band
         log.exception("stream failed", extra={"request_id": pipeline.spec.request_id})
         pending.append(sse_event(exc))
+        error = api_error(exc)
     finally:
         aclose = getattr(outputs, "aclose", None)
         if aclose is not None:
@@ -108,6 +125,9 @@ async def sse_stream(
                 await aclose()
     # The last events, any error event and [DONE] leave in one write.
     pending.append(DONE)
+    if end is not None:
+        end.error = error
+        end.completed = error is None
     yield b"".join(pending)
 
 
@@ -128,7 +148,9 @@ class SSEResponse:
         self.status = status
         self.headers = [*SSE_HEADERS, *headers]
         self.on_disconnect = on_disconnect
+        # The client left before the last byte was handed to the server.
         self.disconnected = False
+        self._sent_all = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -141,6 +163,10 @@ class SSEResponse:
                 # The client left: stop producing, then let the app abort the engine request.
                 pump.cancel()
             results = await asyncio.gather(pump, watch, return_exceptions=True)
+        if self._sent_all:
+            # Servers answer ``receive`` with http.disconnect once the response is complete:
+            # that is the end of an answer delivered, not a client that left.
+            self.disconnected = False
         if self.disconnected and self.on_disconnect is not None:
             await self.on_disconnect()
         exc = results[0]
@@ -155,6 +181,7 @@ class SSEResponse:
             async for data in self.body:
                 await body_send({"type": "http.response.body", "body": data, "more_body": True})
             await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+            self._sent_all = True
         finally:
             aclose = getattr(self.body, "aclose", None)
             if aclose is not None:

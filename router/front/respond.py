@@ -14,7 +14,7 @@ import msgspec
 from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.pipeline import Pipeline, PipelineSpec, interleave
-from output.sse import RAW_SEND, SSEResponse, sse_stream
+from output.sse import RAW_SEND, SSEResponse, StreamEnd, sse_stream
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
@@ -52,18 +52,18 @@ class EngineResponse:
         status = "200"
         try:
             if self.stream:
+                end = StreamEnd()
+                status = "499"  # until the stream says how it ended
                 body = sse_stream(pipeline, self._outputs(), self._abort_choice,
-                                  ready=self._ready)
+                                  ready=self._ready, end=end)
                 # Body chunks skip Starlette's middleware send wrappers (they only act on
                 # http.response.start): RouterApp put the server's own send in the scope.
                 sse = SSEResponse(body, headers=[(b"x-kvroute-route", route)],
                                   on_disconnect=self._client_left,
                                   body_send=scope.get(RAW_SEND))
                 await sse(scope, receive, send)
-                if sse.disconnected:
-                    status = "499"
-                elif not pipeline.done:
-                    status = "stream_error"  # ended with an in-band error event
+                status = _stream_status(end, sse.disconnected)
+                if end.error is not None:
                     st.router_metrics.stream_errors.inc()
             else:
                 status = await self._collected(pipeline, route, receive, send)
@@ -141,6 +141,16 @@ class EngineResponse:
         m.generation_tokens_tally.inc((), tokens)
         if tokens > 1:
             m.tpot_tally.observe((now - self.first_token_at) / (tokens - 1))
+
+
+def _stream_status(end: StreamEnd, disconnected: bool) -> str:
+    """A stream's request status: as a collected answer would have had it (200, or the status
+    of the error its error event carries), 499 only when the client left before the end."""
+    if end.error is not None:
+        return str(end.error.status)
+    if end.completed and not disconnected:
+        return "200"
+    return "499"
 
 
 class _OneChoice:
