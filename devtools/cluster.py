@@ -17,7 +17,7 @@ import httpx
 import msgspec
 
 from render.models import EMBEDDED_MODEL
-from router.config import Control, EngineSpec, Limits, RouterConfig
+from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
@@ -37,6 +37,7 @@ class ClusterOptions:
     api_key: str | None = None
     # /admin/*: set an admin_key to turn it on; ipc joins default to the cluster's directory.
     control: Control = field(default_factory=Control)
+    streams: StreamLimits = field(default_factory=StreamLimits)
     ready_timeout: float = 60.0
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
@@ -80,7 +81,7 @@ class LocalCluster:
                             model=model, render_url=self.options.render_url,
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
-                            control=control,
+                            control=control, streams=self.options.streams,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server)
 

@@ -49,6 +49,18 @@ class StreamEnd:
         self.error: APIError | None = None
 
 
+class Backlog:
+    """What a stream holds for its client: ``held()`` estimates the bytes, ``limit`` caps them,
+    checked every ``interval`` seconds while the stream runs."""
+
+    __slots__ = ("held", "limit", "interval")
+
+    def __init__(self, held: Callable[[], int], limit: int, interval: float) -> None:
+        self.held = held
+        self.limit = limit
+        self.interval = interval
+
+
 class SSEEncoder:
     """Chunk Struct -> ``data: {json}\\n\\n`` with one reusable msgspec encoder."""
 
@@ -132,7 +144,9 @@ async def sse_stream(
 
 
 class SSEResponse:
-    """An ASGI app streaming ``body``; calls ``on_disconnect`` if the client leaves first."""
+    """An ASGI app streaming ``body``; calls ``on_disconnect`` if the client leaves first, and
+    ``on_overflow`` if it stops reading while ``backlog`` grows past its limit (the stream is
+    then cut: the connection closes without the rest)."""
 
     def __init__(
         self,
@@ -142,21 +156,30 @@ class SSEResponse:
         headers: Sequence[tuple[bytes, bytes]] = (),
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         body_send: Callable[[Any], Awaitable[None]] | None = None,
+        backlog: Backlog | None = None,
+        on_overflow: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.body = body
+        self.backlog = backlog
+        self.on_overflow = on_overflow
         self.body_send = body_send
         self.status = status
         self.headers = [*SSE_HEADERS, *headers]
         self.on_disconnect = on_disconnect
         # The client left before the last byte was handed to the server.
         self.disconnected = False
+        # The client stopped reading and the backlog outgrew its cap: the stream was cut.
+        self.overflowed = False
         self._sent_all = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         pump = asyncio.ensure_future(self._pump(send))
         watch = asyncio.ensure_future(self._watch(receive))
         try:
-            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            if self.backlog is None:
+                await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await self._until_done_or_overflow(pump, watch, self.backlog)
         finally:
             watch.cancel()
             if not pump.done():
@@ -167,7 +190,9 @@ class SSEResponse:
             # Servers answer ``receive`` with http.disconnect once the response is complete:
             # that is the end of an answer delivered, not a client that left.
             self.disconnected = False
-        if self.disconnected and self.on_disconnect is not None:
+        if self.overflowed and self.on_overflow is not None:
+            await self.on_overflow()
+        elif self.disconnected and self.on_disconnect is not None:
             await self.on_disconnect()
         exc = results[0]
         if isinstance(exc, BaseException) and not isinstance(exc, asyncio.CancelledError):
@@ -186,6 +211,22 @@ class SSEResponse:
             aclose = getattr(self.body, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _until_done_or_overflow(self, pump: asyncio.Future[None],
+                                      watch: asyncio.Future[None], backlog: Backlog) -> None:
+        """Wait for the pump or the client; every ``backlog.interval`` seconds see whether
+        what the stream holds, unsent, is over ``backlog.limit`` (a client not reading)."""
+        while True:
+            done, _ = await asyncio.wait((pump, watch), timeout=backlog.interval,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return
+            held = backlog.held()
+            if held > backlog.limit:
+                self.overflowed = True
+                log.warning("client not reading: stream cut", extra={
+                    "held_bytes": held, "limit": backlog.limit})
+                return
 
     async def _watch(self, receive: Any) -> None:
         while True:

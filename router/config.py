@@ -98,6 +98,27 @@ class Control:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What one stream may hold in the router for a client that does not read.
+
+    While the server's ``send`` waits on a full connection (the transport's back-pressure), the
+    engine keeps producing: its outputs queue in the router. Past ``max_unsent_bytes`` (the
+    router's estimate of the events those outputs make: ``EVENT_BYTES`` per output plus
+    ``LOGPROB_BYTES`` per logprob entry) the stream is cut and its request aborted on the
+    engine. Checked every ``check_interval`` seconds while a stream waits on its client.
+    """
+
+    max_unsent_bytes: int = 8 * 1024 * 1024
+    check_interval: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.max_unsent_bytes < 1:
+            raise ValueError(f"max_unsent_bytes must be positive, got {self.max_unsent_bytes}")
+        if not self.check_interval > 0:
+            raise ValueError(f"check_interval must be positive, got {self.check_interval}")
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -113,6 +134,7 @@ class RouterConfig:
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
     control: Control = field(default_factory=Control)
+    streams: StreamLimits = field(default_factory=StreamLimits)
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
@@ -197,10 +219,11 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
             raise ConfigError("control: allowed_hosts must be a list of host names")
         control_data["allowed_hosts"] = tuple(hosts)
     control = _build(Control, control_data, "control")
+    streams = _build(StreamLimits, data.pop("streams", {}), "streams")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control},
+         "control": control, "streams": streams},
         "top level",
     )
 

@@ -14,7 +14,7 @@ import msgspec
 from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.pipeline import Pipeline, PipelineSpec, interleave
-from output.sse import RAW_SEND, SSEResponse, StreamEnd, sse_stream
+from output.sse import RAW_SEND, Backlog, SSEResponse, StreamEnd, sse_stream
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
@@ -23,6 +23,12 @@ from serving.errors import EngineOutputError, error_json
 from wire.engine import EngineCoreOutput
 
 _JSON = msgspec.json.Encoder()
+
+# The router's estimate of what one queued engine output takes (held and as its SSE event),
+# and what each logprob entry adds (token id, logprob, its text and JSON around them).
+EVENT_BYTES = 256
+LOGPROB_BYTES = 128
+ALL_LOGPROBS = 256_000
 
 
 class EngineResponse:
@@ -58,11 +64,17 @@ class EngineResponse:
                                   ready=self._ready, end=end)
                 # Body chunks skip Starlette's middleware send wrappers (they only act on
                 # http.response.start): RouterApp put the server's own send in the scope.
+                limits = st.config.streams
                 sse = SSEResponse(body, headers=[(b"x-kvroute-route", route)],
                                   on_disconnect=self._client_left,
-                                  body_send=scope.get(RAW_SEND))
+                                  body_send=scope.get(RAW_SEND),
+                                  backlog=Backlog(self._held, limits.max_unsent_bytes,
+                                                  limits.check_interval),
+                                  on_overflow=self._slow_client)
                 await sse(scope, receive, send)
                 status = _stream_status(end, sse.disconnected)
+                if sse.overflowed:
+                    status = "slow_client"  # cut: it stopped reading (aborts cause slow_client)
                 if end.error is not None:
                     st.router_metrics.stream_errors.inc()
             else:
@@ -110,6 +122,15 @@ class EngineResponse:
             return self.routed.streams[0].queued > 0
         return bool(self._merged)
 
+    def _held(self) -> int:
+        """The estimated bytes of the outputs received and not yet written (see EVENT_BYTES)."""
+        k = self.spec.logprobs
+        # -1: the whole vocabulary, as large as any model's.
+        entries = 0 if k is None else 1 + (k if k >= 0 else ALL_LOGPROBS)
+        per_output = EVENT_BYTES + LOGPROB_BYTES * entries
+        queued = sum(s.queued for s in self.routed.streams) + len(self._merged)
+        return queued * per_output
+
     def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
         routed = self.routed
         if len(routed.streams) == 1:
@@ -127,6 +148,9 @@ class EngineResponse:
         with contextlib.suppress(EngineLinkError):
             await self.st.client.abort([stream.request_id])
         self.st.router_metrics.aborts.labels("stop_string").inc()
+
+    async def _slow_client(self) -> None:
+        await self.st.dispatcher.abort(self.routed, "slow_client")
 
     async def _client_left(self) -> None:
         await self.st.dispatcher.abort(self.routed, "client_disconnect")
