@@ -79,7 +79,8 @@ class Control:
     binds its handshake, and a bind on an arbitrary path would replace whatever file is there.
     """
 
-    admin_key: str | None = None  # from --admin-key-file or KVROUTE_ADMIN_KEY, never a flag
+    # From --admin-key-file or KVROUTE_ADMIN_KEY, never a flag; kept out of the repr (logs).
+    admin_key: str | None = field(default=None, repr=False)
     # tcp hosts a joining engine may use besides loopback and the configured engines' hosts.
     allowed_hosts: tuple[str, ...] = ()
     ipc_dir: str | None = None  # ipc addresses must lie under it (None: ipc joins refused)
@@ -132,7 +133,7 @@ class RouterConfig:
     engines: tuple[EngineSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # kept out of the repr (logs)
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
     log_json: bool = True

@@ -235,3 +235,11 @@ def test_tcp_join_to_an_allowed_host(guarded: LocalCluster) -> None:
         assert r.json()["handshake"].startswith("tcp://127.0.0.1:")
         assert not r.json()["handshake"].endswith(":0")
         assert http.delete("/admin/engines/tcp-one").status_code == 200
+
+
+def test_keys_stay_out_of_the_config_repr(tmp_path: Path) -> None:
+    (tmp_path / "k").write_text("topsecret-api")
+    (tmp_path / "a").write_text("topsecret-admin")
+    cfg = parse(["--api-key-file", str(tmp_path / "k"), "--admin-key-file", str(tmp_path / "a")])
+    assert cfg.api_key == "topsecret-api" and cfg.control.admin_key == "topsecret-admin"
+    assert "topsecret" not in repr(cfg)
