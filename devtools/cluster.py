@@ -17,7 +17,7 @@ import httpx
 import msgspec
 
 from render.models import EMBEDDED_MODEL
-from router.config import EngineSpec, Limits, RouterConfig
+from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
@@ -35,6 +35,9 @@ class ClusterOptions:
     processes: bool = False  # engines as child processes (killable) instead of threads
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides (step_time, ...)
     api_key: str | None = None
+    # /admin/*: set an admin_key to turn it on; ipc joins default to the cluster's directory.
+    control: Control = field(default_factory=Control)
+    streams: StreamLimits = field(default_factory=StreamLimits)
     ready_timeout: float = 60.0
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
@@ -76,10 +79,14 @@ class LocalCluster:
         max_len = None if self.options.external else self.sim_options()["max_model_len"]
         if self.options.router_max_model_len is not None:
             max_len = self.options.router_max_model_len
+        control = self.options.control
+        if control.ipc_dir is None:
+            control = dataclasses.replace(control, ipc_dir=str(self.dir))
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
+                            control=control, streams=self.options.streams,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server)
 

@@ -19,7 +19,7 @@ import msgspec
 
 from output.openai_types import Chunk
 from output.pipeline import Pipeline
-from serving.errors import APIError, EngineLinkError, EngineOutputError, sse_event
+from serving.errors import APIError, EngineLinkError, EngineOutputError, api_error, sse_event
 from wire.engine import EngineCoreOutput
 
 log = logging.getLogger("kvroute.sse")
@@ -35,6 +35,30 @@ Abort = Callable[[int], Awaitable[None]]
 # Scope key for the server's own ASGI ``send`` (set by the router's outermost middleware):
 # every middleware send wrapper runs per body chunk and none of them acts on bodies.
 RAW_SEND = "kvroute.raw_send"
+
+
+class StreamEnd:
+    """How a stream's body ended, as ``sse_stream`` (the one place that knows) records it:
+    ``completed`` after the request's last event, ``error`` when an error event ended it; neither
+    while the body is unfinished (the client left, or the writer was stopped)."""
+
+    __slots__ = ("completed", "error")
+
+    def __init__(self) -> None:
+        self.completed = False
+        self.error: APIError | None = None
+
+
+class Backlog:
+    """What a stream holds for its client: ``held()`` estimates the bytes, ``limit`` caps them,
+    checked every ``interval`` seconds while the stream runs."""
+
+    __slots__ = ("held", "limit", "interval")
+
+    def __init__(self, held: Callable[[], int], limit: int, interval: float) -> None:
+        self.held = held
+        self.limit = limit
+        self.interval = interval
 
 
 class SSEEncoder:
@@ -59,8 +83,10 @@ async def sse_stream(
     abort: Abort | None = None,
     encoder: SSEEncoder | None = None,
     ready: Callable[[], bool] | None = None,
+    end: StreamEnd | None = None,
 ) -> AsyncIterator[bytes]:
     """The whole SSE body of one request; a failure mid-way ends it with an error event.
+    ``end`` records which of the two it was once the last bytes are produced.
 
     ``ready()`` says whether the next output is already queued (``outputs`` will not wait):
     then its event joins the same yielded bytes, so outputs that arrived together cost one
@@ -93,14 +119,17 @@ async def sse_stream(
         last = pipeline.end()
         if last:
             pending.append(enc.events(last))
+        error: APIError | None = None
     except APIError as exc:  # the engine failed the request, died or went silent (503)
         if isinstance(exc, EngineLinkError):
             log.warning("engine failed mid-stream", extra={
                 "request_id": pipeline.spec.request_id, "error": str(exc)})
         pending.append(sse_event(exc))
+        error = exc
     except Exception as exc:  # the stream has started: the error can only go in-band
         log.exception("stream failed", extra={"request_id": pipeline.spec.request_id})
         pending.append(sse_event(exc))
+        error = api_error(exc)
     finally:
         aclose = getattr(outputs, "aclose", None)
         if aclose is not None:
@@ -108,11 +137,16 @@ async def sse_stream(
                 await aclose()
     # The last events, any error event and [DONE] leave in one write.
     pending.append(DONE)
+    if end is not None:
+        end.error = error
+        end.completed = error is None
     yield b"".join(pending)
 
 
 class SSEResponse:
-    """An ASGI app streaming ``body``; calls ``on_disconnect`` if the client leaves first."""
+    """An ASGI app streaming ``body``; calls ``on_disconnect`` if the client leaves first, and
+    ``on_overflow`` if it stops reading while ``backlog`` grows past its limit (the stream is
+    then cut: the connection closes without the rest)."""
 
     def __init__(
         self,
@@ -122,26 +156,43 @@ class SSEResponse:
         headers: Sequence[tuple[bytes, bytes]] = (),
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         body_send: Callable[[Any], Awaitable[None]] | None = None,
+        backlog: Backlog | None = None,
+        on_overflow: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.body = body
+        self.backlog = backlog
+        self.on_overflow = on_overflow
         self.body_send = body_send
         self.status = status
         self.headers = [*SSE_HEADERS, *headers]
         self.on_disconnect = on_disconnect
+        # The client left before the last byte was handed to the server.
         self.disconnected = False
+        # The client stopped reading and the backlog outgrew its cap: the stream was cut.
+        self.overflowed = False
+        self._sent_all = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         pump = asyncio.ensure_future(self._pump(send))
         watch = asyncio.ensure_future(self._watch(receive))
         try:
-            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            if self.backlog is None:
+                await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await self._until_done_or_overflow(pump, watch, self.backlog)
         finally:
             watch.cancel()
             if not pump.done():
                 # The client left: stop producing, then let the app abort the engine request.
                 pump.cancel()
             results = await asyncio.gather(pump, watch, return_exceptions=True)
-        if self.disconnected and self.on_disconnect is not None:
+        if self._sent_all:
+            # Servers answer ``receive`` with http.disconnect once the response is complete:
+            # that is the end of an answer delivered, not a client that left.
+            self.disconnected = False
+        if self.overflowed and self.on_overflow is not None:
+            await self.on_overflow()
+        elif self.disconnected and self.on_disconnect is not None:
             await self.on_disconnect()
         exc = results[0]
         if isinstance(exc, BaseException) and not isinstance(exc, asyncio.CancelledError):
@@ -155,10 +206,27 @@ class SSEResponse:
             async for data in self.body:
                 await body_send({"type": "http.response.body", "body": data, "more_body": True})
             await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+            self._sent_all = True
         finally:
             aclose = getattr(self.body, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _until_done_or_overflow(self, pump: asyncio.Future[None],
+                                      watch: asyncio.Future[None], backlog: Backlog) -> None:
+        """Wait for the pump or the client; every ``backlog.interval`` seconds see whether
+        what the stream holds, unsent, is over ``backlog.limit`` (a client not reading)."""
+        while True:
+            done, _ = await asyncio.wait((pump, watch), timeout=backlog.interval,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return
+            held = backlog.held()
+            if held > backlog.limit:
+                self.overflowed = True
+                log.warning("client not reading: stream cut", extra={
+                    "held_bytes": held, "limit": backlog.limit})
+                return
 
     async def _watch(self, receive: Any) -> None:
         while True:

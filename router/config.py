@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,56 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Control:
+    """The ``/admin/*`` endpoints (engines join, are listed and removed at run time).
+
+    Off unless ``admin_key`` is set (then every ``/admin/*`` path answers 404); the admin key is
+    separate from the client API key, and a client key never opens them. A joining engine's
+    addresses are tcp to an allowed host or ipc under ``ipc_dir``, nothing else: the router
+    binds its handshake, and a bind on an arbitrary path would replace whatever file is there.
+    """
+
+    # From --admin-key-file or KVROUTE_ADMIN_KEY, never a flag; kept out of the repr (logs).
+    admin_key: str | None = field(default=None, repr=False)
+    # tcp hosts a joining engine may use besides loopback and the configured engines' hosts.
+    allowed_hosts: tuple[str, ...] = ()
+    ipc_dir: str | None = None  # ipc addresses must lie under it (None: ipc joins refused)
+    max_engines: int = 64  # engines linked at once, configured ones included
+    # DELETE /admin/engines/NAME waits this long for the engine's requests to finish, then
+    # removes it anyway (the rest end with an error).
+    remove_drain_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_engines < 1:
+            raise ValueError(f"max_engines must be at least 1, got {self.max_engines}")
+        if self.admin_key is not None and not self.admin_key:
+            raise ValueError("admin_key must not be empty")
+        if not all(isinstance(h, str) and h for h in self.allowed_hosts):
+            raise ValueError(f"allowed_hosts must be host names, got {self.allowed_hosts!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What one stream may hold in the router for a client that does not read.
+
+    While the server's ``send`` waits on a full connection (the transport's back-pressure), the
+    engine keeps producing: its outputs queue in the router. Past ``max_unsent_bytes`` (the
+    router's estimate of the events those outputs make: ``EVENT_BYTES`` per output plus
+    ``LOGPROB_BYTES`` per logprob entry) the stream is cut and its request aborted on the
+    engine. Checked every ``check_interval`` seconds while a stream waits on its client.
+    """
+
+    max_unsent_bytes: int = 8 * 1024 * 1024
+    check_interval: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.max_unsent_bytes < 1:
+            raise ValueError(f"max_unsent_bytes must be positive, got {self.max_unsent_bytes}")
+        if not self.check_interval > 0:
+            raise ValueError(f"check_interval must be positive, got {self.check_interval}")
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -105,7 +157,9 @@ class RouterConfig:
     engines: tuple[EngineSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # kept out of the repr (logs)
+    control: Control = field(default_factory=Control)
+    streams: StreamLimits = field(default_factory=StreamLimits)
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
@@ -183,9 +237,18 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
         raise ConfigError(f"engines: duplicate names in {names}")
     policy = _build(PolicyConfig, data.pop("policy", {}), "policy")
     limits = _build(Limits, data.pop("limits", {}), "limits")
+    control_data = dict(data.pop("control", {}))
+    if "allowed_hosts" in control_data:
+        hosts = control_data["allowed_hosts"]
+        if not isinstance(hosts, list | tuple):
+            raise ConfigError("control: allowed_hosts must be a list of host names")
+        control_data["allowed_hosts"] = tuple(hosts)
+    control = _build(Control, control_data, "control")
+    streams = _build(StreamLimits, data.pop("streams", {}), "streams")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
-        {**data, "engines": tuple(specs), "policy": policy, "limits": limits},
+        {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
+         "control": control, "streams": streams},
         "top level",
     )
 
@@ -196,9 +259,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serving.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serving.add_argument("--port", type=int, help="port to listen on (default 8000; 0: any free)")
     serving.add_argument("--api-key",
-                         help="require `Authorization: Bearer KEY` on public endpoints")
+                         help="DEPRECATED (the key shows in the process list): use "
+                              "--api-key-file or KVROUTE_API_KEY")
+    serving.add_argument("--api-key-file",
+                         help="file holding the key clients send as `Authorization: Bearer "
+                              "KEY` on public endpoints (or env KVROUTE_API_KEY)")
     serving.add_argument("--http-server", choices=SERVERS,
                          help=f"HTTP server, run stock (default {ROUTER_SERVER})")
+    control = parser.add_argument_group("control (/admin/*)")
+    control.add_argument("--admin-key-file",
+                         help="file holding the admin key /admin/* requires (or env "
+                              "KVROUTE_ADMIN_KEY); without one /admin/* is off (404)")
+    control.add_argument("--admin-allow-host", action="append", default=[], metavar="HOST",
+                         help="a tcp host engines may join on besides loopback and the "
+                              "configured engines' hosts (repeatable)")
+    control.add_argument("--admin-ipc-dir",
+                         help="the directory ipc:// addresses of joining engines must lie in")
+    control.add_argument("--max-engines", type=int, help="engines linked at once (default 64)")
     model = parser.add_argument_group("model and render")
     model.add_argument("--model",
                        help="model directory, or a Hugging Face id ORG/NAME whose tokenizer and "
@@ -269,11 +346,53 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
     return spec
 
 
-def from_args(args: argparse.Namespace) -> RouterConfig:
+API_KEY_ENV = "KVROUTE_API_KEY"
+ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
+
+
+def read_key(path: str, what: str) -> str:
+    """A key file's content, without the trailing newline an editor or a Secret adds."""
+    try:
+        key = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the {what} file {path}: {exc}") from exc
+    if not key:
+        raise ConfigError(f"the {what} file {path} is empty")
+    return key
+
+
+def _key(file: str | None, env: Mapping[str, str], var: str, what: str) -> str | None:
+    """A key from its file flag, else the environment (never from a flag's value)."""
+    if file is not None:
+        return read_key(file, what)
+    value = env.get(var, "").strip()
+    return value or None
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RouterConfig:
+    """The config from parsed flags, the config file and the keys' environment variables
+    (``env``, default the process's: read here once, nowhere else)."""
+    env = os.environ if env is None else env
     data: dict[str, Any] = load_file(args.config) if args.config else {}
+    api_key = _key(args.api_key_file, env, API_KEY_ENV, "API key")
+    if args.api_key is not None and api_key is None:
+        api_key = args.api_key  # deprecated: router.main warns
+    if api_key is not None:
+        data["api_key"] = api_key
+    control = dict(data.get("control", {}))
+    admin_key = _key(args.admin_key_file, env, ADMIN_KEY_ENV, "admin key")
+    if admin_key is not None:
+        control["admin_key"] = admin_key
+    if args.admin_allow_host:
+        control["allowed_hosts"] = [*control.get("allowed_hosts", []), *args.admin_allow_host]
+    if args.admin_ipc_dir is not None:
+        control["ipc_dir"] = args.admin_ipc_dir
+    if args.max_engines is not None:
+        control["max_engines"] = args.max_engines
+    data["control"] = control
     for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
                 "chat_template",
-                "max_model_len", "render_url", "api_key", "log_level",
+                "max_model_len", "render_url", "log_level",
                 "http_server"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)

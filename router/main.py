@@ -96,7 +96,12 @@ def parse(argv: list[str]) -> RouterConfig:
     parser = argparse.ArgumentParser(prog="kvroute router",
                                      description="Cache-aware router in front of vLLM engines.")
     add_arguments(parser)
-    return from_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.api_key is not None:
+        # Kept for existing scripts; a flag's value is readable by every local user.
+        print("kvroute router: --api-key is deprecated: the key is visible in the process list; "
+              "use --api-key-file or KVROUTE_API_KEY", file=sys.stderr)
+    return from_args(args)
 
 
 def resolve(cfg: RouterConfig) -> RouterConfig:

@@ -46,16 +46,32 @@ def test_chart_lints() -> None:
 
 
 def test_router_config_and_args_are_kvroute_s_own(tmp_path: Path) -> None:
-    objs = render("engine.replicas=3", "router.spareEngineSlots=2", "router.apiKeySecret=k")
+    objs = render("engine.replicas=3", "router.spareEngineSlots=2", "router.apiKeySecret=k",
+                  "router.adminKeySecret=adm")
     toml_text = objs[("ConfigMap", "rel-kvroute-router")]["data"]["router.toml"]
     (tmp_path / "router.toml").write_text(toml_text)
-    args = container(objs, "Deployment", "rel-kvroute-router")["args"]
+    router = container(objs, "Deployment", "rel-kvroute-router")
+    args = router["args"]
     assert args[:2] == ["kvroute", "router"]
+    # The keys are files mounted from the Secrets: nothing secret on the command line (readable
+    # in /proc/PID/cmdline) or in the environment.
+    assert "--api-key" not in args and not any("$(" in a for a in args)
+    assert not [e for e in router["env"] if "valueFrom" in e]
+    pod = objs[("Deployment", "rel-kvroute-router")]["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"api-key": "k", "admin-key": "adm"}
+    mounts = {m["name"]: m["mountPath"] for m in router["volumeMounts"]}
+    files = {}
+    for volume, key in (("api-key", "api-key"), ("admin-key", "admin-key")):
+        local = tmp_path / key
+        local.write_text(f"{key}-value\n")
+        files[f"{mounts[volume]}/{key}"] = str(local)
     argv = [str(tmp_path / "router.toml") if a == "/etc/kvroute/router.toml" else a
             for a in args[2:]]
-    argv = ["secret" if a == "$(KVROUTE_API_KEY)" else a for a in argv]
+    argv = [files.get(a, a) for a in argv]
     cfg = parse_router_args(argv)
-    assert cfg.api_key == "secret" and cfg.port == 8000 and cfg.host == "0.0.0.0"
+    assert cfg.api_key == "api-key-value" and cfg.control.admin_key == "admin-key-value"
+    assert cfg.port == 8000 and cfg.host == "0.0.0.0"
     assert [e.name for e in cfg.engines] == [f"engine-{i}" for i in range(5)]
     spec = cfg.engines[1]
     # Engines dial the handshake Service; the router binds wildcards on fixed ports.

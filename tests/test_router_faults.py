@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import Limits
+from router.config import Control, Limits
 
 MODEL = "Qwen/Qwen3-0.6B"
 
@@ -218,8 +218,10 @@ def test_1000_concurrent_streams_complete(cluster: LocalCluster) -> None:
 
 
 def test_engine_joins_at_run_time() -> None:
-    with LocalCluster(ClusterOptions(engines=1, sim={"step_time": 0.002})) as c:
-        with httpx.Client(base_url=c.base_url, timeout=30) as http:
+    opts = ClusterOptions(engines=1, sim={"step_time": 0.002}, control=Control(admin_key="adm"))
+    with LocalCluster(opts) as c:
+        with httpx.Client(base_url=c.base_url, timeout=30,
+                          headers={"authorization": "Bearer adm"}) as http:
             address = f"ipc://{c.dir}/late.hs"
             r = http.post("/admin/engines", json={"name": "late", "handshake": address})
             assert r.status_code == 200 and r.json()["handshake"] == address

@@ -5,7 +5,8 @@
     POST /inference/v1/abort_requests               {"request_ids": [...]}
     POST /v1/chat/completions/render, /v1/completions/render, /tokenize, /detokenize  (render's)
     GET  /v1/models, /metrics; /health (liveness), /ready (readiness) — never behind the API key
-    POST /admin/engines                             an engine joins at run time (handshake address)
+    POST/GET /admin/engines, DELETE /admin/engines/NAME   join, list, drain and remove engines
+                                                    (admin key only; 404 without one: control.py)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from render.service.loading import Codecs, load_models
 from render.service.state import STATE_KEY as RENDER_KEY
 from render.service.state import Models, RenderState
 from router.config import RouterConfig
-from router.front import handlers
+from router.front import control, handlers
 from router.front.fast_path import FastPath
 from router.front.render_client import RenderClient
 from router.front.state import STATE_KEY as ROUTER_KEY
@@ -52,6 +53,7 @@ from serving.errors import (
     AuthenticationError,
     ClientGoneError,
     EngineLinkError,
+    NotFoundError,
     OverloadedError,
     ShuttingDownError,
 )
@@ -63,26 +65,41 @@ PROBES = frozenset({"/health", "/ping", "/ready", "/metrics"})
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class Guard:
-    """Pure ASGI: x-request-id in/out, bearer API key on public paths, draining refusals."""
+ADMIN = "/admin/"
 
-    def __init__(self, app: ASGIApp, api_key: ApiKey, lifecycle: Lifecycle) -> None:
+
+class Guard:
+    """Pure ASGI: x-request-id in/out, bearer API key on public paths, the admin key (and only
+    it) on ``/admin/*`` (which is not there without one: 404), draining refusals."""
+
+    def __init__(self, app: ASGIApp, api_key: ApiKey, admin_key: ApiKey | None,
+                 lifecycle: Lifecycle) -> None:
         self.app = app
         self.api_key = api_key
+        self.admin_key = admin_key
         self.lifecycle = lifecycle
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        path = scope["path"]
+        if path.startswith(ADMIN):
+            if self.admin_key is None:
+                return NotFoundError("Not Found")  # no admin key configured: no admin endpoints
+            if not self.admin_key.admits(scope["headers"]):
+                return AuthenticationError("Invalid or missing admin key.")
+            return None
+        if path not in PROBES and not self.api_key.admits(scope["headers"]):
+            return AuthenticationError()
+        if self.lifecycle.draining and path not in PROBES and scope["method"] == "POST":
+            return ShuttingDownError()
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         send_with_id = RequestIdSend(scope["headers"], send)
-        path = scope["path"]
-        refusal: APIError | None = send_with_id.refusal  # an unfit x-request-id
-        if refusal is None and path not in PROBES and not self.api_key.admits(scope["headers"]):
-            refusal = AuthenticationError()
-        elif refusal is None and self.lifecycle.draining and path not in PROBES and (
-                scope["method"] == "POST"):
-            refusal = ShuttingDownError()
+        # An unfit x-request-id first, then the keys, then the drain.
+        refusal = send_with_id.refusal or self._refusal(scope)
         if refusal is not None:
             await error_response(refusal)(scope, receive, send_with_id)
             return
@@ -252,7 +269,9 @@ def create_app(cfg: RouterConfig,
         Route("/tokenize", render_server.tokenize_endpoint, methods=["POST"]),
         Route("/detokenize", render_server.detokenize_endpoint, methods=["POST"]),
         Route("/v1/models", render_server.list_models, methods=["GET"]),
-        Route("/admin/engines", handlers.add_engine, methods=["POST"]),
+        Route("/admin/engines", control.add_engine, methods=["POST"]),
+        Route("/admin/engines", control.list_engines, methods=["GET"]),
+        Route("/admin/engines/{name}", control.remove_engine, methods=["DELETE"]),
         Route("/health", health, methods=["GET"]),
         Route("/ping", health, methods=["GET", "POST"]),
         Route("/ready", ready, methods=["GET"]),
@@ -261,7 +280,8 @@ def create_app(cfg: RouterConfig,
     errors = router_errors()
     api_key = ApiKey(cfg.api_key)
     app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=dict(errors.handlers()))
-    app.add_middleware(Guard, api_key=api_key, lifecycle=lifecycle)
+    admin_key = ApiKey(cfg.control.admin_key) if cfg.control.admin_key else None
+    app.add_middleware(Guard, api_key=api_key, admin_key=admin_key, lifecycle=lifecycle)
     app.fast = FastPath(api_key, lifecycle, errors)
     app.state.lifecycle = lifecycle
     return app

@@ -17,12 +17,11 @@ from render.errors import BadRequestError
 from render.protocol import GenerateRequest, decode_request
 from render.renderer import Renderer
 from render.sampling_checks import check_sampling
-from router.config import EngineSpec
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.respond import EngineResponse, client_disconnected
 from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
-from serving.body import json_response, read_body
+from serving.body import read_body
 from serving.errors import ClientGoneError
 
 T = TypeVar("T")
@@ -37,14 +36,6 @@ PROMPT_TAIL = 6
 
 class AbortRequests(msgspec.Struct):
     request_ids: list[str]
-
-
-class JoinEngine(msgspec.Struct):
-    name: str
-    handshake: str
-    kv_events: str | None = None
-    replay: str | None = None
-    topic: str = ""
 
 
 def _stop(value: str | list[str] | None) -> tuple[str, ...]:
@@ -268,15 +259,3 @@ async def abort_requests(request: Request) -> Response:
         if routed is not None:
             await st.dispatcher.abort(routed, "abort_requests")
     return Response(b"", status_code=200)
-
-
-async def add_engine(request: Request) -> Response:
-    """An engine joins at run time: bind its handshake address; start the engine against it."""
-    st = router_state(request.scope["state"])
-    body = await read_body(request, 64 * 1024)
-    req = msgspec.json.decode(body, type=JoinEngine)
-    if req.name in st.client.engines:
-        raise BadRequestError(f"engine {req.name!r} already exists", "name")
-    spec = EngineSpec(req.name, req.handshake, req.kv_events, req.replay, req.topic)
-    answer = {"name": req.name, "handshake": st.fleet.join(spec)}
-    return json_response(st.render.codecs.encoder, answer)

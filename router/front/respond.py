@@ -14,7 +14,7 @@ import msgspec
 from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.pipeline import Pipeline, PipelineSpec, interleave
-from output.sse import RAW_SEND, SSEResponse, sse_stream
+from output.sse import RAW_SEND, Backlog, SSEResponse, StreamEnd, sse_stream
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
@@ -23,6 +23,12 @@ from serving.errors import EngineOutputError, error_json
 from wire.engine import EngineCoreOutput
 
 _JSON = msgspec.json.Encoder()
+
+# The router's estimate of what one queued engine output takes (held and as its SSE event),
+# and what each logprob entry adds (token id, logprob, its text and JSON around them).
+EVENT_BYTES = 256
+LOGPROB_BYTES = 128
+ALL_LOGPROBS = 256_000
 
 
 class EngineResponse:
@@ -52,18 +58,24 @@ class EngineResponse:
         status = "200"
         try:
             if self.stream:
+                end = StreamEnd()
+                status = "499"  # until the stream says how it ended
                 body = sse_stream(pipeline, self._outputs(), self._abort_choice,
-                                  ready=self._ready)
+                                  ready=self._ready, end=end)
                 # Body chunks skip Starlette's middleware send wrappers (they only act on
                 # http.response.start): RouterApp put the server's own send in the scope.
+                limits = st.config.streams
                 sse = SSEResponse(body, headers=[(b"x-kvroute-route", route)],
                                   on_disconnect=self._client_left,
-                                  body_send=scope.get(RAW_SEND))
+                                  body_send=scope.get(RAW_SEND),
+                                  backlog=Backlog(self._held, limits.max_unsent_bytes,
+                                                  limits.check_interval),
+                                  on_overflow=self._slow_client)
                 await sse(scope, receive, send)
-                if sse.disconnected:
-                    status = "499"
-                elif not pipeline.done:
-                    status = "stream_error"  # ended with an in-band error event
+                status = _stream_status(end, sse.disconnected)
+                if sse.overflowed:
+                    status = "slow_client"  # cut: it stopped reading (aborts cause slow_client)
+                if end.error is not None:
                     st.router_metrics.stream_errors.inc()
             else:
                 status = await self._collected(pipeline, route, receive, send)
@@ -110,6 +122,15 @@ class EngineResponse:
             return self.routed.streams[0].queued > 0
         return bool(self._merged)
 
+    def _held(self) -> int:
+        """The estimated bytes of the outputs received and not yet written (see EVENT_BYTES)."""
+        k = self.spec.logprobs
+        # -1: the whole vocabulary, as large as any model's.
+        entries = 0 if k is None else 1 + (k if k >= 0 else ALL_LOGPROBS)
+        per_output = EVENT_BYTES + LOGPROB_BYTES * entries
+        queued = sum(s.queued for s in self.routed.streams) + len(self._merged)
+        return queued * per_output
+
     def _outputs(self) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
         routed = self.routed
         if len(routed.streams) == 1:
@@ -128,6 +149,9 @@ class EngineResponse:
             await self.st.client.abort([stream.request_id])
         self.st.router_metrics.aborts.labels("stop_string").inc()
 
+    async def _slow_client(self) -> None:
+        await self.st.dispatcher.abort(self.routed, "slow_client")
+
     async def _client_left(self) -> None:
         await self.st.dispatcher.abort(self.routed, "client_disconnect")
 
@@ -141,6 +165,16 @@ class EngineResponse:
         m.generation_tokens_tally.inc((), tokens)
         if tokens > 1:
             m.tpot_tally.observe((now - self.first_token_at) / (tokens - 1))
+
+
+def _stream_status(end: StreamEnd, disconnected: bool) -> str:
+    """A stream's request status: as a collected answer would have had it (200, or the status
+    of the error its error event carries), 499 only when the client left before the end."""
+    if end.error is not None:
+        return str(end.error.status)
+    if end.completed and not disconnected:
+        return "200"
+    return "499"
 
 
 class _OneChoice:

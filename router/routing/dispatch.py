@@ -75,11 +75,16 @@ class Dispatcher:
         self._failures: dict[str, int] = {}
         # Engines whose in-flight gauge reads the admission ledger (set up on first use).
         self._gauged: set[str] = set()
+        # Engines being removed (DELETE /admin/engines/NAME): their requests finish, no new one
+        # is placed on them.
+        self.draining: set[str] = set()
 
     def healthy(self) -> list[str]:
         now = self.clock()
+        draining = self.draining
         return [n for n, e in self.client.engines.items()
-                if e.status is EngineStatus.READY and self._suspect_until.get(n, 0.0) <= now]
+                if e.status is EngineStatus.READY and self._suspect_until.get(n, 0.0) <= now
+                and n not in draining]
 
     def _failed(self, engine: str) -> None:
         count = self._failures.get(engine, 0) + 1

@@ -51,6 +51,21 @@ class Fleet:
                  extra={"engine": spec.name, "handshake": state.handshake_endpoint})
         return state.handshake_endpoint
 
+    async def remove(self, name: str) -> None:
+        """Unlink an engine for good: its sockets close, its blocks and KV feed go (requests
+        still on it fail: drain it first)."""
+        self.specs.pop(name, None)
+        await self.client.remove_engine(name)
+        self.connects.pop(name, None)
+        if name in self.attached:
+            self.attached.discard(name)
+            self.index.remove_engine(name)
+        if name in self.subscribed:
+            self.subscribed.discard(name)
+            await self.kv.remove_engine(name)
+        self.admission.wake()
+        log.info("engine removed", extra={"engine": name})
+
     async def watch(self) -> None:
         """Follow engine status changes for the life of the app."""
         while True:
