@@ -24,6 +24,7 @@ from typing import Any, cast
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from router.config import EngineSpec
 from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
@@ -114,10 +115,15 @@ class EngineClient:
         reconnect_grace: float = 2.0,
         probe_interval: float = 0.1,
         max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
+        allowed_peers: Sequence[str] | None = None,
     ) -> None:
         self.client_index = client_index
         # ZMQ_MAXMSGSIZE of the output socket: a larger message disconnects its sender.
         self.max_msg_size = max_msg_size
+        # IP addresses admitted on the engine-facing TCP sockets (a ZAP handler, pyzmq's
+        # authenticator); None admits any peer that reaches the bound interface.
+        self.allowed_peers = tuple(allowed_peers) if allowed_peers is not None else None
+        self._auth: AsyncioAuthenticator | None = None
         # Silence longer than this while requests are in flight means the engine is gone.
         self.dead_after = dead_after
         # Sends to an engine that is reconnecting fail with EHOSTUNREACH for a short while.
@@ -152,6 +158,10 @@ class EngineClient:
         if self._phase is not _Phase.NEW:
             raise RuntimeError("EngineClient.start() called twice")
         self._ctx = zmq.asyncio.Context()
+        if self.allowed_peers is not None:
+            self._auth = AsyncioAuthenticator(self._ctx, log=log)
+            self._auth.start()
+            self._auth.allow(*self.allowed_peers)
         self._phase = _Phase.STARTED
         for spec in self._specs:
             self.add_engine(spec)
@@ -175,6 +185,8 @@ class EngineClient:
             self._sync_inputs.pop(eng, None)
             for sock in eng.sockets():
                 sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
 
@@ -197,6 +209,9 @@ class EngineClient:
         for sock, limit in ((handshake, CONTROL_MAX_MSG_SIZE), (inp, CONTROL_MAX_MSG_SIZE),
                             (out, self.max_msg_size)):
             sock.setsockopt(zmq.MAXMSGSIZE, limit)
+            if self._auth is not None:
+                # A NULL-mechanism socket consults the ZAP handler only with a domain set.
+                sock.zap_domain = b"kvroute-engines"
         # Unroutable sends must fail loudly (EHOSTUNREACH), not vanish.
         inp.setsockopt(zmq.ROUTER_MANDATORY, 1)
         for sock in (inp, out):
