@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -68,6 +69,26 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkConfig:
+    """The engine-facing sockets' guards (docs/operations.md, "Security")."""
+
+    # Peer IPs admitted on the engine sockets (ZAP); None admits whoever reaches the bound
+    # interface (bind loopback, or fence the ports with a NetworkPolicy).
+    allowed_peers: tuple[str, ...] | None = None
+    max_output_msg_bytes: int = 256 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the output sockets
+    max_kv_msg_bytes: int = 64 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the KV-event sockets
+
+    def __post_init__(self) -> None:
+        for peer in self.allowed_peers or ():
+            try:
+                ipaddress.ip_address(peer)
+            except ValueError:
+                raise ValueError(f"allowed_peers: {peer!r} is not an IP address") from None
+        if self.max_output_msg_bytes <= 0 or self.max_kv_msg_bytes <= 0:
+            raise ValueError("message size limits must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -81,6 +102,7 @@ class RouterConfig:
     engines: tuple[EngineSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
+    link: LinkConfig = field(default_factory=LinkConfig)
     api_key: str | None = None
     log_json: bool = True
     log_level: str = "INFO"
@@ -159,9 +181,16 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
         raise ConfigError(f"engines: duplicate names in {names}")
     policy = _build(PolicyConfig, data.pop("policy", {}), "policy")
     limits = _build(Limits, data.pop("limits", {}), "limits")
+    link_data = dict(data.pop("link", {}))
+    peers = link_data.get("allowed_peers")
+    if peers is not None:
+        if not isinstance(peers, list | tuple) or not all(isinstance(p, str) for p in peers):
+            raise ConfigError("link: allowed_peers must be a list of IP addresses")
+        link_data["allowed_peers"] = tuple(peers)
+    link = _build(LinkConfig, link_data, "link")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
-        {**data, "engines": tuple(specs), "policy": policy, "limits": limits},
+        {**data, "engines": tuple(specs), "policy": policy, "limits": limits, "link": link},
         "top level",
     )
 

@@ -125,3 +125,17 @@ async def test_admission_queue_fifo_then_429_and_503() -> None:
     with pytest.raises(OverloadedError) as timeout:
         await short.wait_for_slot(lambda: bool(short.open_engines(engines)))
     assert timeout.value.status == 503
+
+
+def test_link_table_guards_the_engine_sockets() -> None:
+    cfg = from_mapping({"link": {"allowed_peers": ["10.0.0.5", "::1"],
+                                 "max_output_msg_bytes": 1 << 20}})
+    assert cfg.link.allowed_peers == ("10.0.0.5", "::1")
+    assert cfg.link.max_output_msg_bytes == 1 << 20
+    assert from_mapping({}).link.allowed_peers is None
+    with pytest.raises(ConfigError, match="'engine-host' is not an IP address"):
+        from_mapping({"link": {"allowed_peers": ["engine-host"]}})
+    with pytest.raises(ConfigError, match="allowed_peers must be a list"):
+        from_mapping({"link": {"allowed_peers": "10.0.0.5"}})
+    with pytest.raises(ConfigError, match="max_kv_msg_bytes must be int"):
+        from_mapping({"link": {"max_kv_msg_bytes": "big"}})
