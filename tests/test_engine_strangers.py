@@ -246,3 +246,21 @@ async def test_peer_outside_the_allow_list_cannot_connect(ctx: Strangers) -> Non
         eng.output.disable_monitor()
         monitor.close(linger=0)
         assert eng.counters.decode_errors == 1
+
+
+async def test_admitted_engine_handshakes_over_tcp(tmp_path: Path) -> None:
+    # The real engine (simulated) from 127.0.0.1 passes the ZAP handler on all three sockets.
+    sim = make_engine("sim", "t0", tmp_path, **SIM_FLAGS)
+    sim.spec = EngineSpec("t0", "tcp://127.0.0.1:0")
+    try:
+        async with EngineClient([sim.spec], allowed_peers=["127.0.0.1"]) as client:
+            eng = client.engines["t0"]
+            at = sim.argv.index("--handshake-address") + 1
+            sim.argv[at] = eng.handshake_endpoint
+            sim.spawn()
+            await client.wait_ready(60.0)
+            out = await (await client.submit("t0", make_request(random_prompt(8), 3))).collect()
+            assert len(tokens(out)) == 3
+            assert eng.counters.refused_identities == 0
+    finally:
+        sim.kill()
