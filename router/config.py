@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import tomllib
@@ -144,6 +145,26 @@ class StreamLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkConfig:
+    """The engine-facing sockets' guards (docs/operations.md, "Security")."""
+
+    # Peer IPs admitted on the engine sockets (ZAP); None admits whoever reaches the bound
+    # interface (bind loopback, or fence the ports with a NetworkPolicy).
+    allowed_peers: tuple[str, ...] | None = None
+    max_output_msg_bytes: int = 256 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the output sockets
+    max_kv_msg_bytes: int = 64 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the KV-event sockets
+
+    def __post_init__(self) -> None:
+        for peer in self.allowed_peers or ():
+            try:
+                ipaddress.ip_address(peer)
+            except ValueError:
+                raise ValueError(f"allowed_peers: {peer!r} is not an IP address") from None
+        if self.max_output_msg_bytes <= 0 or self.max_kv_msg_bytes <= 0:
+            raise ValueError("message size limits must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -157,6 +178,7 @@ class RouterConfig:
     engines: tuple[EngineSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
+    link: LinkConfig = field(default_factory=LinkConfig)
     api_key: str | None = field(default=None, repr=False)  # kept out of the repr (logs)
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
@@ -245,10 +267,17 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
         control_data["allowed_hosts"] = tuple(hosts)
     control = _build(Control, control_data, "control")
     streams = _build(StreamLimits, data.pop("streams", {}), "streams")
+    link_data = dict(data.pop("link", {}))
+    peers = link_data.get("allowed_peers")
+    if peers is not None:
+        if not isinstance(peers, list | tuple) or not all(isinstance(p, str) for p in peers):
+            raise ConfigError("link: allowed_peers must be a list of IP addresses")
+        link_data["allowed_peers"] = tuple(peers)
+    link = _build(LinkConfig, link_data, "link")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams},
+         "control": control, "streams": streams, "link": link},
         "top level",
     )
 

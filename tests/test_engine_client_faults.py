@@ -77,18 +77,23 @@ async def test_engine_core_dead_frame(sims: list[EngineProc]) -> None:
         await start(client, [a])
         stream = await client.submit(a.name, make_request(random_prompt(16), 400))
         await anext(stream)
-        # What a dying EngineCore sends on its PUSH socket, from a second pusher.
+        # What a dying EngineCore sends on its PUSH socket, from a second pusher, while the
+        # engine no longer answers (stopped): believed, unlike a forged one from a stranger
+        # while the engine answers (tests/test_engine_strangers.py).
+        a.pause()
         ctx = zmq.asyncio.Context()
         push = ctx.socket(zmq.PUSH)
         push.connect(a.spec.output_address)
         try:
             await push.send(ENGINE_CORE_DEAD)
             with pytest.raises(EngineDeadError, match="ENGINE_CORE_DEAD"):
-                await asyncio.wait_for(stream.collect(), 5.0)
+                await asyncio.wait_for(stream.collect(), 30.0)
         finally:
             push.close(linger=0)
             ctx.term()
+            a.resume()
         assert client.engines[a.name].status is EngineStatus.DEAD
+        assert client.engines[a.name].counters.forged_deaths == 0
 
 
 async def test_router_restart_readopts_engines(sims: list[EngineProc]) -> None:

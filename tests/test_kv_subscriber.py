@@ -61,7 +61,7 @@ async def test_sequence_gap_without_replay_counts_loss(sub_no_replay: Any) -> No
     assert index.match("e", [1, 2, 3, 4, 5, 6, 7, 8], BS) == 8
 
 
-async def test_duplicate_is_skipped_and_reset_clears(sub_no_replay: Any) -> None:
+async def test_duplicate_is_skipped_and_rewind_cannot_wipe(sub_no_replay: Any) -> None:
     sub, index = sub_no_replay
     b0 = batch(stored([1, 2], None, list(range(8))), ts=1.0)
     await sub.on_batch("e", 0, b0)
@@ -70,11 +70,19 @@ async def test_duplicate_is_skipped_and_reset_clears(sub_no_replay: Any) -> None
     c = sub.counters("e")
     assert c.duplicates == 1 and c.resets == 0
     assert set(index.snapshot("e")) == {1}
-    # A restarted engine numbers from 0 again, with new content: the old view must go.
-    await sub.on_batch("e", 0, batch(stored([9], None, [7, 7, 7, 7]), ts=2.0))
-    assert c.resets == 1
+    # Seq 0 again with new content, without a new handshake: a forger's (or stale) batch.
+    # It is dropped: it neither wipes the index nor adds its blocks.
+    await sub.on_batch("e", 0, batch(AllBlocksCleared(), stored([9], None, [7, 7, 7, 7]), ts=2.0))
+    assert (c.rewinds, c.resets) == (1, 0)
+    assert set(index.snapshot("e")) == {1}
+    assert index.cleared.get("e", 0) == 0
+    # The feed goes on in sequence; a restart is signalled by the engine client's handshake.
+    await sub.on_batch("e", 2, batch(stored([3], 1, [8, 9, 10, 11])))
+    assert set(index.snapshot("e")) == {1, 3}
+    await sub.engine_restarted("e")
+    assert c.resets == 1 and index.cleared["e"] == 1 and set(index.snapshot("e")) == set()
+    await sub.on_batch("e", 0, batch(stored([9], None, [7, 7, 7, 7]), ts=3.0))
     assert set(index.snapshot("e")) == {9}
-    assert index.cleared["e"] == 1
 
 
 async def test_undecodable_batch_is_counted_and_skipped(sub_no_replay: Any) -> None:

@@ -137,3 +137,17 @@ def test_request_limit_flags() -> None:
     assert parse(["--max-output-entries", "0"]).limits.request.max_output_entries == 0
     assert parse([]).limits.request == RequestLimits() == RequestLimits(1024, 20, 64, 16384,
                                                                         1 << 24)
+
+
+def test_link_table_guards_the_engine_sockets() -> None:
+    cfg = from_mapping({"link": {"allowed_peers": ["10.0.0.5", "::1"],
+                                 "max_output_msg_bytes": 1 << 20}})
+    assert cfg.link.allowed_peers == ("10.0.0.5", "::1")
+    assert cfg.link.max_output_msg_bytes == 1 << 20
+    assert from_mapping({}).link.allowed_peers is None
+    with pytest.raises(ConfigError, match="'engine-host' is not an IP address"):
+        from_mapping({"link": {"allowed_peers": ["engine-host"]}})
+    with pytest.raises(ConfigError, match="allowed_peers must be a list"):
+        from_mapping({"link": {"allowed_peers": "10.0.0.5"}})
+    with pytest.raises(ConfigError, match="max_kv_msg_bytes must be int"):
+        from_mapping({"link": {"max_kv_msg_bytes": "big"}})

@@ -215,9 +215,11 @@ def create_app(cfg: RouterConfig,
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after)
+        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after,
+                              max_msg_size=cfg.link.max_output_msg_bytes,
+                              allowed_peers=cfg.link.allowed_peers)
         await client.start()
-        kv = KVSubscriber(index)
+        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes)
         await kv.start()
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)

@@ -6,15 +6,19 @@ the last batches for replay on a ROUTER (``vllm/distributed/kv_events.py``). The
 - follows vLLM's endpoint rule from the other side (``router.kvfeed.kv_endpoints``);
 - on a sequence gap (seq > expected) replays from the first missing seq, then goes on;
 - on a duplicate (a seq already applied, same payload) skips the batch;
-- on a sequence reset (seq goes backwards with a different payload: the engine restarted) clears
-  that engine's index and rebuilds from the new sequence, replaying from 0 if it joined late;
-- counts and skips batches that fail to decode; never dies on bad input.
+- on a rewind (seq goes backwards with a different payload) drops the batch and counts it: a
+  SUB cannot tell a restarted engine from a forger, so only the engine client's new handshake
+  (``engine_restarted``) clears an engine's index; a wipe otherwise comes only from a decoded
+  ``AllBlocksCleared`` in this engine's feed;
+- counts and skips batches that fail to decode or that the index refuses; never dies on bad
+  input (``MAXMSGSIZE`` bounds a frame).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -29,7 +33,12 @@ from radix.namespace import namespace_for, split_event_extra_keys
 from router.kvfeed.kv_endpoints import KVEndpoints, dial_address, engine_binds, offset_endpoint
 from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, ext_hook
 
+log = logging.getLogger("kvroute.kvfeed")
+
 END_SEQ = b"\xff" * 8
+# Largest KV-event frame accepted: a batch announces at most a scheduler step's new blocks
+# (token ids + hashes, a few bytes per token); 64 MiB is ~8M tokens of events in one step.
+DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
 # Batches remembered per engine (seq -> payload digest) to tell duplicates from restarts.
 DUP_WINDOW = 4096
 
@@ -48,7 +57,9 @@ class KVCounters(msgspec.Struct):
     lost_batches: int = 0  # a gap replay could not fill (buffer overrun or no replay socket)
     duplicates: int = 0
     resets: int = 0
+    rewinds: int = 0  # seq went backwards with new content and no new handshake: dropped
     decode_errors: int = 0
+    refused_events: int = 0  # events the index refused (inconsistent fields)
     last_seq: int | None = None
     # Seconds between the engine stamping the last batch and us applying it.
     lag: float = 0.0
@@ -75,9 +86,16 @@ class KVSubscriber:
     0 (no parent); a child block continues its parent's chain (vLLM puts the cache_salt in the
     first block's extra keys only)."""
 
-    def __init__(self, sink: PrefixIndex, *, replay_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        sink: PrefixIndex,
+        *,
+        replay_timeout: float = 2.0,
+        max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
+    ) -> None:
         self.sink = sink
         self.replay_timeout = replay_timeout
+        self.max_msg_size = max_msg_size
         self._ctx: zmq.asyncio.Context | None = None
         self._feeds: dict[str, _EngineFeed] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -111,6 +129,7 @@ class KVSubscriber:
             raise ValueError(f"engine {spec.engine!r} already subscribed")
         endpoint = offset_endpoint(spec.endpoint, spec.dp_rank)
         sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.MAXMSGSIZE, self.max_msg_size)
         sub.setsockopt(zmq.RCVHWM, 0)
         sub.setsockopt(zmq.SUBSCRIBE, spec.topic.encode())
         if engine_binds(endpoint):
@@ -121,9 +140,7 @@ class KVSubscriber:
             address = sub.getsockopt_string(zmq.LAST_ENDPOINT)
         feed = _EngineFeed(spec, sub, address)
         if spec.replay_endpoint:
-            feed.replay = self._ctx.socket(zmq.DEALER)
-            replay = offset_endpoint(spec.replay_endpoint, spec.dp_rank)
-            feed.replay.connect(dial_address(replay, spec.host))
+            feed.replay = self._replay_socket(spec)
         self._feeds[spec.engine] = feed
         self._tasks[spec.engine] = asyncio.create_task(self._run(feed), name=f"kv-{spec.engine}")
         return address
@@ -166,13 +183,25 @@ class KVSubscriber:
             feed.expected = 0
             await self._replay(feed, 0)
 
+    def _replay_socket(self, spec: KVEndpoints) -> zmq.asyncio.Socket:
+        assert self._ctx is not None and spec.replay_endpoint
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_msg_size)
+        sock.connect(dial_address(offset_endpoint(spec.replay_endpoint, spec.dp_rank), spec.host))
+        return sock
+
     async def _run(self, feed: _EngineFeed) -> None:
         while True:
             frames = await feed.sub.recv_multipart()
             if len(frames) != 3 or len(frames[1]) != 8:
                 feed.counters.decode_errors += 1
                 continue
-            await self.on_batch(feed.spec.engine, int.from_bytes(frames[1], "big"), frames[2])
+            try:
+                await self.on_batch(feed.spec.engine, int.from_bytes(frames[1], "big"), frames[2])
+            except Exception:
+                # One bad batch must not end the feed: count it, log it, read the next.
+                feed.counters.decode_errors += 1
+                log.exception("engine %s: a KV-event batch failed", feed.spec.engine)
 
     async def on_batch(self, engine: str, seq: int, payload: bytes) -> None:
         """Sequence bookkeeping for one live batch, then apply it (public for tests)."""
@@ -190,10 +219,10 @@ class KVSubscriber:
             if digest is not None and digest == xxhash.xxh3_64_intdigest(payload):
                 c.duplicates += 1
                 return
-            # The sequence went backwards with new content: a new engine process.
-            c.resets += 1
-            self._clear(feed)
-            feed.expected = 0
+            # Backwards with new content: a new engine process announces itself with a new
+            # handshake (engine_restarted), so this batch is a stranger's or stale: dropped.
+            c.rewinds += 1
+            return
         if seq > feed.expected:
             c.gaps += 1
             await self._replay(feed, feed.expected)
@@ -236,9 +265,7 @@ class KVSubscriber:
         if feed.replay is None or self._ctx is None or not feed.spec.replay_endpoint:
             return
         feed.replay.close(linger=0)
-        feed.replay = self._ctx.socket(zmq.DEALER)
-        replay = offset_endpoint(feed.spec.replay_endpoint, feed.spec.dp_rank)
-        feed.replay.connect(dial_address(replay, feed.spec.host))
+        feed.replay = self._replay_socket(feed.spec)
 
     def _clear(self, feed: _EngineFeed) -> None:
         feed.recent.clear()
@@ -261,31 +288,37 @@ class KVSubscriber:
         # vLLM stamps batches with time.time(): lag is only meaningful on one host.
         c.lag = max(0.0, now - batch.ts)
         engine = feed.spec.engine
-        sink = self.sink
         for ev in batch.events:
             c.events += 1
-            if isinstance(ev, BlockStored):
-                salt, residual = split_event_extra_keys(ev.lora_name, ev.extra_keys)
-                sink.apply_stored(
-                    engine,
-                    ev.block_hashes,
-                    ev.parent_block_hash,
-                    ev.token_ids,
-                    namespace_for(ev.lora_name, salt),
-                    now,
-                    block_size=ev.block_size,
-                    extra_keys=residual,
-                    group_idx=ev.group_idx,
-                    kind=ev.kv_cache_spec_kind,
-                    medium=ev.medium,
-                )
-            elif isinstance(ev, BlockRemoved):
-                sink.apply_removed(
-                    engine, ev.block_hashes, group_idx=ev.group_idx, medium=ev.medium
-                )
-            elif isinstance(ev, AllBlocksCleared):
-                sink.apply_cleared(engine)
+            try:
+                self._apply_event(engine, ev, now)
+            except (ValueError, TypeError, KeyError, IndexError):
+                c.refused_events += 1
         feed.applied.set()
+
+    def _apply_event(self, engine: str, ev: object, now: float) -> None:
+        sink = self.sink
+        if isinstance(ev, BlockStored):
+            salt, residual = split_event_extra_keys(ev.lora_name, ev.extra_keys)
+            sink.apply_stored(
+                engine,
+                ev.block_hashes,
+                ev.parent_block_hash,
+                ev.token_ids,
+                namespace_for(ev.lora_name, salt),
+                now,
+                block_size=ev.block_size,
+                extra_keys=residual,
+                group_idx=ev.group_idx,
+                kind=ev.kv_cache_spec_kind,
+                medium=ev.medium,
+            )
+        elif isinstance(ev, BlockRemoved):
+            sink.apply_removed(
+                engine, ev.block_hashes, group_idx=ev.group_idx, medium=ev.medium
+            )
+        elif isinstance(ev, AllBlocksCleared):
+            sink.apply_cleared(engine)
 
 
 __all__ = [

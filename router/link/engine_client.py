@@ -15,14 +15,16 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, cast
 
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from router.config import EngineSpec
 from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
@@ -63,6 +65,21 @@ __all__ = [
 ]
 
 
+log = logging.getLogger("kvroute.link")
+
+# Largest message accepted on an engine's output socket. vLLM's biggest outputs are prompt
+# logprobs: a 128k-token prompt with 20 logprobs is ~21 x 128k x (8 + 4 + 8) bytes ~ 54 MiB of aux
+# frames; a step's batch of sampled-token logprobs is far smaller. 256 MiB leaves room for longer
+# contexts and refuses (libzmq drops the peer) anything a real engine does not send.
+DEFAULT_MAX_MSG_SIZE = 256 * 1024 * 1024
+# The handshake and input sockets carry small maps only (HELLO / READY / the ready map).
+CONTROL_MAX_MSG_SIZE = 1024 * 1024
+# How long a HELLO or ENGINE_CORE_DEAD waits for a linked engine's answer before it is believed:
+# a live engine answers a utility call within a scheduler step, a dead one never does.
+VERIFY_TIMEOUT = 2.0
+# A failed background task restarts after this pause (a failure that repeats cannot spin).
+RESTART_DELAY = 0.1
+
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
 READY_MAP_WAIT_MS = 5000
@@ -97,8 +114,16 @@ class EngineClient:
         dead_after: float = 30.0,
         reconnect_grace: float = 2.0,
         probe_interval: float = 0.1,
+        max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
+        allowed_peers: Sequence[str] | None = None,
     ) -> None:
         self.client_index = client_index
+        # ZMQ_MAXMSGSIZE of the output socket: a larger message disconnects its sender.
+        self.max_msg_size = max_msg_size
+        # IP addresses admitted on the engine-facing TCP sockets (a ZAP handler, pyzmq's
+        # authenticator); None admits any peer that reaches the bound interface.
+        self.allowed_peers = tuple(allowed_peers) if allowed_peers is not None else None
+        self._auth: AsyncioAuthenticator | None = None
         # Silence longer than this while requests are in flight means the engine is gone.
         self.dead_after = dead_after
         # Sends to an engine that is reconnecting fail with EHOSTUNREACH for a short while.
@@ -133,6 +158,10 @@ class EngineClient:
         if self._phase is not _Phase.NEW:
             raise RuntimeError("EngineClient.start() called twice")
         self._ctx = zmq.asyncio.Context()
+        if self.allowed_peers is not None:
+            self._auth = AsyncioAuthenticator(self._ctx, log=log)
+            self._auth.start()
+            self._auth.allow(*self.allowed_peers)
         self._phase = _Phase.STARTED
         for spec in self._specs:
             self.add_engine(spec)
@@ -156,6 +185,8 @@ class EngineClient:
             self._sync_inputs.pop(eng, None)
             for sock in eng.sockets():
                 sock.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
 
@@ -169,9 +200,18 @@ class EngineClient:
         handshake = ctx.socket(zmq.ROUTER)
         inp = ctx.socket(zmq.ROUTER)
         out = ctx.socket(zmq.PULL)
-        for sock in (handshake, inp):
-            # An engine restarting under the same identity must replace its stale connection.
-            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # An engine restarting under the same identity replaces its stale handshake connection.
+        # The input socket hands an identity over only between an answered HELLO and the ready
+        # map (see _on_handshake): otherwise a stranger dialling in as b"\x00\x00" would take
+        # the engine's place and receive its prompts; libzmq refuses it instead.
+        handshake.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        inp.setsockopt(zmq.ROUTER_HANDOVER, 0)
+        for sock, limit in ((handshake, CONTROL_MAX_MSG_SIZE), (inp, CONTROL_MAX_MSG_SIZE),
+                            (out, self.max_msg_size)):
+            sock.setsockopt(zmq.MAXMSGSIZE, limit)
+            if self._auth is not None:
+                # A NULL-mechanism socket consults the ZAP handler only with a domain set.
+                sock.zap_domain = b"kvroute-engines"
         # Unroutable sends must fail loudly (EHOSTUNREACH), not vanish.
         inp.setsockopt(zmq.ROUTER_MANDATORY, 1)
         for sock in (inp, out):
@@ -192,10 +232,33 @@ class EngineClient:
         self.engines[spec.name] = eng
         self._sync_inputs[eng] = zmq.Socket.shadow(inp.underlying)
         eng.tasks = [
-            asyncio.create_task(self._listen(eng), name=f"listen-{spec.name}"),
-            asyncio.create_task(self._control(eng), name=f"control-{spec.name}"),
+            asyncio.create_task(self._supervise(eng, "listen", self._listen),
+                                name=f"listen-{spec.name}"),
+            asyncio.create_task(self._supervise(eng, "control", self._control),
+                                name=f"control-{spec.name}"),
         ]
         return eng
+
+    async def _supervise(
+        self, eng: EngineState, what: str, run: Callable[[EngineState], Awaitable[None]]
+    ) -> None:
+        """Run one of the engine's tasks for the client's lifetime: a failure is logged at once,
+        marks the engine dead (its streams end; it is probed and re-adopted if it answers) and
+        restarts the task."""
+        while True:
+            try:
+                await run(eng)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                eng.counters.task_restarts += 1
+                log.exception("engine %s: its %s task failed; restarting it", eng.spec.name, what)
+                if eng.status is not EngineStatus.DEAD:
+                    self._engine_died(eng, f"its {what} task failed ({e!r})", maybe_hung=True)
+                else:
+                    eng.maybe_hung = True
+            await asyncio.sleep(RESTART_DELAY)
 
     async def remove_engine(self, name: str) -> None:
         """Stop linking to an engine: its requests fail, its sockets close (the engine itself
@@ -378,7 +441,14 @@ class EngineClient:
             while True:
                 while option(_RCVMORE):
                     frames.append(recv(_NOWAIT))
-                self.on_output_frames(eng, frames)
+                try:
+                    self.on_output_frames(eng, frames)
+                except Exception:
+                    # A reader callback's exception would only reach the loop's handler; the
+                    # message is dropped and counted, the next one is read.
+                    eng.counters.decode_errors += 1
+                    eng.dropped_event.set()
+                    log.exception("engine %s: an output message failed", eng.spec.name)
                 if not option(_EVENTS) & _POLLIN:
                     return
                 frames = [recv(_NOWAIT)]
@@ -394,17 +464,18 @@ class EngineClient:
         """Decode one EngineCoreOutputs message and route it (the hot receive path)."""
         bufs = [f if isinstance(f, bytes) else f.buffer for f in frames]
         if len(bufs) == 1 and bufs[0] == ENGINE_CORE_DEAD:
-            self._engine_died(eng, "the engine sent ENGINE_CORE_DEAD")
+            self._on_core_dead(eng)
             return
         try:
             outs = decode_engine_outputs(self._out_decoder, bufs)
-        except (msgspec.DecodeError, ValueError):
+        except (msgspec.DecodeError, ValueError, TypeError, IndexError, KeyError):
             eng.counters.decode_errors += 1
+            eng.dropped_event.set()
             return
         eng.last_output = time.monotonic()
         eng.counters.messages += 1
-        if eng.status is not EngineStatus.READY:
-            self._mark_ready(eng, adopted=eng.status is EngineStatus.CONNECTING)
+        # Outputs never mark an engine ready: anyone who reaches the PULL can send them. A
+        # reconnecting or hung engine is re-adopted by a probe on its input socket instead.
         stats = outs.scheduler_stats
         if stats and stats != NIL:
             eng.set_raw_stats(stats)
@@ -430,6 +501,41 @@ class EngineClient:
                     stream.finish(EngineCoreOutput(rid, [], finish_reason=FinishReason.ABORT))
         if outs.utility_output is not None:
             self._on_utility(outs.utility_output.call_id, outs.utility_output)
+
+    def _on_core_dead(self, eng: EngineState) -> None:
+        """A PULL cannot tell its senders apart: ENGINE_CORE_DEAD is believed only if the engine
+        no longer answers a utility call on its input socket (where only it is routed)."""
+        if eng.status is EngineStatus.DEAD or eng.verifying_death:
+            return
+        if eng.status is not EngineStatus.READY:
+            self._engine_died(eng, "the engine sent ENGINE_CORE_DEAD")
+            return
+        eng.verifying_death = True
+        eng.tasks.append(asyncio.create_task(self._verify_death(eng),
+                                             name=f"verify-{eng.spec.name}"))
+
+    async def _verify_death(self, eng: EngineState) -> None:
+        try:
+            if await self._answers(eng):
+                eng.counters.forged_deaths += 1
+                eng.dropped_event.set()
+                log.warning("engine %s: ENGINE_CORE_DEAD from a peer while the engine answers; "
+                            "ignored", eng.spec.name)
+            elif eng.status is not EngineStatus.DEAD:
+                self._engine_died(eng, "the engine sent ENGINE_CORE_DEAD")
+        finally:
+            eng.verifying_death = False
+            current = asyncio.current_task()
+            eng.tasks[:] = [t for t in eng.tasks if t is not current]
+
+    async def _answers(self, eng: EngineState) -> bool:
+        """Does the linked engine answer a cheap utility call within VERIFY_TIMEOUT?"""
+        try:
+            await asyncio.wait_for(self._utility_call(eng, PROBE_METHOD, (), grace=0.0),
+                                   VERIFY_TIMEOUT)
+        except (EngineLinkError, UtilityCallError, TimeoutError):
+            return False
+        return True
 
     def _on_utility(self, call_id: int, result: Any) -> None:
         entry = self._utility.get(call_id)
@@ -458,8 +564,12 @@ class EngineClient:
                 if eng.input in events:
                     await self._recv_ready_response(eng)
                 if eng.handshake in events:
-                    ident, payload = await eng.handshake.recv_multipart()
-                    await self._on_handshake(eng, ident, payload)
+                    frames = await eng.handshake.recv_multipart()
+                    if len(frames) == 2:
+                        await self._on_handshake(eng, frames[0], frames[1])
+                    else:
+                        eng.counters.malformed_frames += 1
+                        eng.dropped_event.set()
                 # Probe engines we have no live link to: one reconnecting after a router restart,
                 # or one declared dead that may only have hung.
                 idle = probe is None or probe.done()
@@ -476,12 +586,38 @@ class EngineClient:
                     await probe
 
     async def _recv_ready_response(self, eng: EngineState) -> None:
-        ident, payload = await eng.input.recv_multipart()
+        """The engine sends one message on its input socket: the ready map, after a HELLO was
+        answered and before READY. Anything else there is a stranger's, dropped and counted."""
+        frames = await eng.input.recv_multipart()
+        if len(frames) != 2:
+            eng.counters.malformed_frames += 1
+            eng.dropped_event.set()
+            return
+        ident, payload = frames
+        if eng.status is not EngineStatus.HANDSHAKING or eng.ready is not None:
+            self._refuse_input(eng, ident)
+            return
         try:
-            eng.ready = self._ready_decoder.decode(payload)
-            eng.identity = ident
+            ready = self._ready_decoder.decode(payload)
         except msgspec.DecodeError:
             eng.counters.decode_errors += 1
+            eng.dropped_event.set()
+            return
+        # vLLM names an engine's DEALER by its data-parallel rank.
+        rank = ready.data_parallel_rank
+        if not 0 <= rank < 1 << 16 or ident != rank.to_bytes(2, "little"):
+            self._refuse_input(eng, ident)
+            return
+        eng.ready = ready
+        eng.identity = ident
+        # The engine's DEALER holds the identity now: no one may take it over.
+        eng.input.setsockopt(zmq.ROUTER_HANDOVER, 0)
+
+    def _refuse_input(self, eng: EngineState, ident: bytes) -> None:
+        eng.counters.refused_identities += 1
+        eng.dropped_event.set()
+        log.warning("engine %s: refused a message on its input socket from identity %r",
+                    eng.spec.name, ident[:16])
 
     async def _probe(self, eng: EngineState) -> None:
         # An engine that outlived a router restart reconnects its DEALER and PUSH to our
@@ -497,25 +633,45 @@ class EngineClient:
             status = self._status_decoder.decode(payload)
         except msgspec.DecodeError:
             eng.counters.decode_errors += 1
+            eng.dropped_event.set()
             return
         if status.status == "HELLO":
+            if eng.status is EngineStatus.READY and await self._answers(eng):
+                # The linked engine still answers: this HELLO is not from a restarted process.
+                eng.counters.refused_handshakes += 1
+                eng.dropped_event.set()
+                log.warning("engine %s: refused a HELLO while the engine is linked and answers",
+                            eng.spec.name)
+                return
             if eng.in_flight or eng.status is EngineStatus.READY:
                 # A new engine process under this name: whatever the old one held is lost.
                 self._engine_died(eng, "the engine restarted (new handshake)")
             eng.status = EngineStatus.HANDSHAKING
+            eng.hello_identity = ident
             eng.adopted = False
             eng.ready = None
             eng.ready_event.clear()
+            # The new process's DEALER replaces the old one's connection, if that lingers.
+            eng.input.setsockopt(zmq.ROUTER_HANDOVER, 1)
             meta = EngineHandshakeMetadata(
                 EngineZmqAddresses(inputs=[eng.input_endpoint], outputs=[eng.output_endpoint])
             )
             await eng.handshake.send_multipart((ident, msgspec.msgpack.encode(meta)))
         elif status.status == "READY":
+            if eng.status is not EngineStatus.HANDSHAKING or ident != eng.hello_identity:
+                eng.counters.refused_handshakes += 1
+                eng.dropped_event.set()
+                log.warning("engine %s: refused a READY outside its handshake", eng.spec.name)
+                return
             # The ready map left on the input socket before READY, but the two sockets do not
             # order against each other: READY may overtake it.
             if eng.ready is None and await eng.input.poll(READY_MAP_WAIT_MS):
                 await self._recv_ready_response(eng)
+            eng.input.setsockopt(zmq.ROUTER_HANDOVER, 0)
             self._mark_ready(eng, adopted=False)
+        else:
+            eng.counters.refused_handshakes += 1
+            eng.dropped_event.set()
 
     def _mark_ready(self, eng: EngineState, *, adopted: bool) -> None:
         eng.status = EngineStatus.READY

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import zmq
@@ -37,6 +38,13 @@ class LinkCounters(msgspec.Struct):
     decode_errors: int = 0
     connects: int = 0
     deaths: int = 0
+    # Hostile or broken peers (see docs/operations.md "Security"): each is dropped, never fatal.
+    malformed_frames: int = 0  # control messages with the wrong frame count or type
+    refused_identities: int = 0  # input-socket messages from a peer that is not the engine
+    refused_handshakes: int = 0  # HELLO / READY where the protocol does not allow one
+    refused_stats: int = 0  # scheduler_stats of the wrong type or out of range
+    forged_deaths: int = 0  # ENGINE_CORE_DEAD while the engine still answers
+    task_restarts: int = 0  # a background task failed and was restarted
 
 
 def _endpoint(sock: zmq.asyncio.Socket, advertise_host: str | None = None) -> str:
@@ -46,12 +54,38 @@ def _endpoint(sock: zmq.asyncio.Socket, advertise_host: str | None = None) -> st
     return endpoint.replace("//0.0.0.0:", f"//{v4}:").replace("//[::]:", f"//{v6}:")
 
 
+# No engine runs or queues more requests than this; a larger count is forged or corrupt.
+MAX_QUEUE_COUNT = 1_000_000
+_Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_QUEUE_COUNT)]
+
+
 class QueueCounts(msgspec.Struct, gc=False):
     """The two scheduler_stats fields routing reads per request: decoding only these skips
-    building the whole map."""
+    building the whole map. Typed and bounded, so a forged count fails to decode."""
 
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
+    num_running_reqs: _Count = 0
+    num_waiting_reqs: _Count = 0
+
+
+# The stats fields the router reads, with the range a real engine reports.
+STAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "num_running_reqs": (0, MAX_QUEUE_COUNT),
+    "num_waiting_reqs": (0, MAX_QUEUE_COUNT),
+    "kv_cache_usage": (0.0, 1.0),
+}
+
+
+def stats_in_bounds(stats: dict[str, Any]) -> bool:
+    """Every field in ``STAT_BOUNDS`` that is present is a finite number in its range."""
+    for key, (lo, hi) in STAT_BOUNDS.items():
+        if key not in stats:
+            continue
+        value = stats[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if not (math.isfinite(value) and lo <= value <= hi):
+            return False
+    return True
 
 
 _STATS = msgspec.msgpack.Decoder(dict[str, Any])
@@ -89,6 +123,16 @@ class EngineState:
         self._stats_raw: msgspec.Raw | None = None
         self._stats: dict[str, Any] | None = None
         self._counts: QueueCounts | None = None
+        # The last stats that passed the checks: a refused map leaves routing where it was.
+        self._good_stats: dict[str, Any] | None = None
+        self._good_counts = _NO_COUNTS
+        self._refusal_counted = False
+        # The handshake identity whose HELLO was answered (READY is accepted from it only).
+        self.hello_identity: bytes | None = None
+        self.verifying_death = False  # an ENGINE_CORE_DEAD is being checked (see the client)
+        # Set whenever something is dropped and counted (a stranger's or a malformed message):
+        # for tests and tools that wait for the drop; waiters clear it.
+        self.dropped_event = asyncio.Event()
         self.last_output = 0.0
         self.counters = LinkCounters()
         self.tasks: list[asyncio.Task[None]] = []  # listener + control, owned by the client
@@ -103,29 +147,43 @@ class EngineState:
         self._stats_raw = raw
         self._stats = None
         self._counts = None
+        self._refusal_counted = False
+
+    def _refuse_stats(self) -> None:
+        # One count per refused map, whichever reader finds it first.
+        if not self._refusal_counted:
+            self._refusal_counted = True
+            self.counters.refused_stats += 1
+            self.dropped_event.set()
 
     @property
     def scheduler_stats(self) -> dict[str, Any] | None:
-        """The engine's last scheduler_stats map (num_running_reqs, kv_cache_usage, ...)."""
+        """The engine's last valid scheduler_stats map (num_running_reqs, kv_cache_usage, ...):
+        a map of the wrong type or with a field out of ``STAT_BOUNDS`` is counted and ignored."""
         if self._stats is None and self._stats_raw is not None:
             try:
-                self._stats = _STATS.decode(self._stats_raw)
+                stats = _STATS.decode(self._stats_raw)
             except msgspec.DecodeError:
-                self.counters.decode_errors += 1
-                self._stats_raw = None
+                self._refuse_stats()
+            else:
+                if stats_in_bounds(stats):
+                    self._good_stats = stats
+                else:
+                    self._refuse_stats()
+            self._stats = self._good_stats
         return self._stats
 
     @property
     def queue_counts(self) -> QueueCounts:
-        """Running and waiting requests from the last scheduler_stats (zeros before any)."""
+        """Running and waiting requests from the last valid scheduler_stats (zeros before any)."""
         counts = self._counts
         if counts is None:
-            counts = _NO_COUNTS
+            counts = self._good_counts
             if self._stats_raw is not None:
                 try:
-                    counts = _COUNTS.decode(self._stats_raw)
-                except msgspec.DecodeError:
-                    self.counters.decode_errors += 1
+                    counts = self._good_counts = _COUNTS.decode(self._stats_raw)
+                except msgspec.DecodeError:  # incl. ValidationError: out of bounds
+                    self._refuse_stats()
             self._counts = counts
         return counts
 
