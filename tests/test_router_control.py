@@ -4,8 +4,7 @@ the engine count is capped, engines are listed and drained then removed; keys ne
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,12 @@ import pytest
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import ConfigError, Control
 from router.main import parse
+from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
 ADMIN = {"authorization": "Bearer admin-secret"}
 
 
-def eventually(cond: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll router state owned by the router's thread (no change event to wait on); the
-    deadline only bounds a hang."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout:g} s")
-        time.sleep(delay)
-        delay = min(2 * delay, 0.1)
 
 
 def _healthy(http: httpx.Client) -> None:

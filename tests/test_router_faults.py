@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Control, Limits
+from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
 
@@ -23,17 +23,6 @@ def _chat(user: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
             "max_tokens": max_tokens, **kw}
 
 
-def eventually(cond: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll a condition owned by another thread: the sim engine's scheduler and the router's
-    in-flight map publish no change event to wait on. Backs off (1 ms doubling to 100 ms) so the
-    poll does not compete with the threads it waits for; the deadline only bounds a hang."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout:g} s")
-        time.sleep(delay)
-        delay = min(2 * delay, 0.1)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,20 +17,15 @@ from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import ConfigError, StreamLimits
 from router.main import parse
 from serving.server import SERVERS
+from tests import waits
 
 MODEL = "Qwen/Qwen3-0.6B"
 MAX_LEN = 40960
 
 
 def eventually(cond: Callable[[], bool], timeout: float = 120.0) -> None:
-    """Poll state owned by other threads (router, sim engine); the deadline bounds a hang."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout:g} s")
-        time.sleep(delay)
-        delay = min(2 * delay, 0.1)
+    """A slow client's stream takes longer to reach the cap: a longer hang bound."""
+    waits.eventually(cond, timeout)
 
 
 def counter(base_url: str, name: str, **labels: str) -> float:

@@ -4,8 +4,7 @@ ended by an error event (and kvroute_stream_errors), 499 only when the client le
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -13,20 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Control
+from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
 ADMIN = {"authorization": "Bearer admin-secret"}
 
 
-def eventually(cond: Callable[[], bool], timeout: float = 60.0) -> None:
-    """Poll router state owned by the router's thread; the deadline only bounds a hang."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout:g} s")
-        time.sleep(delay)
-        delay = min(2 * delay, 0.1)
 
 
 def samples(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
