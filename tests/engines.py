@@ -149,8 +149,10 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
             TRANSFORMERS_OFFLINE="1",
         )
     elif kind == "sim":
+        # A session's engine outlives every client that handshakes with it, with test files
+        # in between that use none: it must not exit for a frontend gone a while.
         argv = [sys.executable, "-m", "kvroute.cli", "sim-engine", "--handshake-address",
-                handshake] + common
+                handshake, "--frontend-gone-timeout", "0"] + common
         for flag, value in sim_flags.items():
             argv += [f"--{flag.replace('_', '-')}", value]
         env["PYTHONPATH"] = str(ROOT)
