@@ -104,6 +104,12 @@ class SimEngine:
         self._decoder = msgspec.msgpack.Decoder(ext_hook=ext_hook)
         self._encoder = OutputEncoder()
 
+    def release(self) -> None:
+        """Close every socket of the engine's context if ``run`` did not (it was never entered,
+        or a signal interrupted it before its cleanup); idempotent."""
+        if not self._ctx.closed:
+            self._ctx.destroy(linger=0)
+
     def stop(self) -> None:
         """Ask the loop to exit (thread-safe, idempotent); no ENGINE_CORE_DEAD is sent."""
         with self._stop_lock:

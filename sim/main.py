@@ -34,15 +34,15 @@ def cli(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
     engine = SimEngine(config)
-    logging.info(
-        "rank %d: handshake with %s (block_size=%d, num_gpu_blocks=%d, step_time=%gs)",
-        config.data_parallel_rank,
-        config.handshake_address,
-        config.block_size,
-        config.num_gpu_blocks,
-        config.step_time,
-    )
     try:
+        logging.info(
+            "rank %d: handshake with %s (block_size=%d, num_gpu_blocks=%d, step_time=%gs)",
+            config.data_parallel_rank,
+            config.handshake_address,
+            config.block_size,
+            config.num_gpu_blocks,
+            config.step_time,
+        )
         engine.run()
     except HandshakeTimeout as e:
         print(f"kvroute sim-engine: {e}", file=sys.stderr)
@@ -51,4 +51,8 @@ def cli(argv: list[str]) -> int:
         return 0
     except Exception:
         return 1
+    finally:
+        # A signal before run() took over its sockets: close them, or the exit's context
+        # teardown waits for them for ever.
+        engine.release()
     return 0
