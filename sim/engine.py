@@ -110,6 +110,17 @@ class SimEngine:
         if not self._ctx.closed:
             self._ctx.destroy(linger=0)
 
+    def stop_from_signal(self) -> None:
+        """``stop`` for a signal handler on the engine's own thread: it never waits for the lock,
+        which that thread may hold while it closes (then it is stopping anyway)."""
+        if self._stop_lock.acquire(blocking=False):
+            try:
+                if not self._stopped:
+                    self._stopped = True
+                    self._wake_tx.send(b"")
+            finally:
+                self._stop_lock.release()
+
     def stop(self) -> None:
         """Ask the loop to exit (thread-safe, idempotent); no ENGINE_CORE_DEAD is sent."""
         with self._stop_lock:

@@ -12,12 +12,6 @@ from sim.engine import SimEngine
 from sim.protocol import HandshakeTimeout
 
 
-def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    # Unwinds run() through its finally: sockets close, and (like vLLM on SIGTERM) no
-    # ENGINE_CORE_DEAD is sent.
-    raise SystemExit(0)
-
-
 def cli(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -30,9 +24,19 @@ def cli(argv: list[str]) -> int:
     except (ValueError, OSError, ModelUnavailable) as e:
         print(f"kvroute sim-engine: {e}", file=sys.stderr)
         return 2
+    engine: SimEngine | None = None
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # The engine's loop is woken to stop, not unwound by an exception: pyzmq's poll
+        # retries after a signal and an exception the handler raises there is lost, so the
+        # wait for a frontend would go on. Like vLLM on SIGTERM, no ENGINE_CORE_DEAD is sent.
+        if engine is None:
+            raise SystemExit(0)
+        engine.stop_from_signal()
+
     # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop it.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGINT, _exit_on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     engine = SimEngine(config)
     try:
         logging.info(
