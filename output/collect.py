@@ -110,13 +110,21 @@ class Collector:
     def body(self, usage: Usage) -> Body:
         spec = self.pipeline.spec
         want_lp = spec.logprobs is not None
+        parsers = self.pipeline.parsers
+        if parsers is not None and not parsers.include_reasoning:
+            want_lp = False  # hidden reasoning: no logprobs (vLLM's suppress_metadata)
         if spec.kind == CHAT:
             choices = []
             for i, a in enumerate(self._acc):
                 tools = [self._acc[i].tools[k] for k in sorted(a.tools)]
-                content = "".join(a.text) if a.any_text or not tools else None
-                msg = ChatMessage("assistant", content,
-                                  None if a.reasoning is None else "".join(a.reasoning), tools)
+                if a.any_text:
+                    content: str | None = "".join(a.text)
+                elif parsers is not None:  # as vLLM's parsers answer an empty content
+                    content = "" if parsers.forced else None
+                else:
+                    content = None if tools else ""
+                reasoning = None if a.reasoning is None else "".join(a.reasoning)
+                msg = ChatMessage("assistant", content, reasoning, tools, reasoning)
                 lp = _chat_logprobs(a.chat_lp) if want_lp else None
                 choices.append(ChatChoice(i, msg, lp, a.finish, a.stop_reason, a.ids))
             return ChatCompletion(id=spec.request_id, created=spec.created, model=spec.model,

@@ -125,6 +125,26 @@ class ByteLevelDetokenizer:
         return held.decode("utf-8", "replace") if held else ""
 
 
+class SkippingDetokenizer:
+    """A detokenizer that never sees some tokens: the special tokens a client skips, but for
+    those an output parser needs (decoding skips them as if absent, as skip_special_tokens
+    does)."""
+
+    __slots__ = ("_inner", "_drop")
+
+    def __init__(self, inner: Detokenizer, drop: frozenset[int]) -> None:
+        self._inner = inner
+        self._drop = drop
+
+    def step(self, token_id: int) -> str:
+        if token_id in self._drop:
+            return ""
+        return self._inner.step(token_id)
+
+    def flush(self) -> str:
+        return self._inner.flush()
+
+
 class TokenJSON(NamedTuple):
     """One token's parts of a chat logprob entry, exactly as msgspec encodes them:
     ``head + <logprob> + bytes_json`` then ``}`` (a candidate) or ``,"top_logprobs":[...]}``.
@@ -162,6 +182,8 @@ class TokenDecoder:
             self._texts = [_whole_text(b) for b in raw]
             self._texts_no_special = [_whole_text(b) for b in self._no_special]
         self._text_cache: dict[int, str] = {}
+        # Byte tables that skip the special tokens but some (parsers' markers), per kept set.
+        self._kept: dict[frozenset[int], tuple[list[bytes], list[str | None]]] = {}
         # Per token id, filled on first use: the token's JSON fragments for logprobs, as
         # TokenJSON and again as two flat lists (whole engine messages are formatted by
         # ``operator.itemgetter`` over them; ``CONTEXT_HEAD`` marks a context-dependent head).
@@ -197,13 +219,34 @@ class TokenDecoder:
         skip_special_tokens: bool = True,
         prompt_tail: Sequence[int] = (),
         fast: bool = True,
+        keep: frozenset[int] = frozenset(),
     ) -> Detokenizer:
-        """A detokenizer for one output sequence; ``fast=False`` forces DecodeStream."""
+        """A detokenizer for one output sequence; ``fast=False`` forces DecodeStream.
+
+        ``keep``: special tokens whose text stays even when skipping special tokens (an output
+        parser's markers: the parser must see them whatever the client asked for)."""
+        if skip_special_tokens and keep:
+            return self._keeping(keep, prompt_tail, fast)
         if fast and self._raw is not None:
             if skip_special_tokens:
                 return ByteLevelDetokenizer(self._no_special, self._texts_no_special)
             return ByteLevelDetokenizer(self._raw, self._texts)
         return StreamDetokenizer(self.tokenizer, skip_special_tokens, prompt_tail)
+
+    def _keeping(self, keep: frozenset[int], prompt_tail: Sequence[int],
+                 fast: bool) -> Detokenizer:
+        if fast and self._raw is not None:
+            tables = self._kept.get(keep)
+            if tables is None:
+                raw = self._raw
+                data = [b"" if i in self.special_ids and i not in keep else b
+                        for i, b in enumerate(raw)]
+                tables = self._kept[keep] = (data, [_whole_text(b) for b in data])
+            return ByteLevelDetokenizer(*tables)
+        drop = self.special_ids - keep
+        return SkippingDetokenizer(
+            StreamDetokenizer(self.tokenizer, False,
+                              [t for t in prompt_tail if t not in drop]), drop)
 
     def _decode_one(self, token_id: int) -> str:
         if self._raw is not None:

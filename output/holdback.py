@@ -1,19 +1,23 @@
 """Hold-back over streamed text: how much of the tail could still grow into one of some markers.
 
 A streamed consumer (stop strings, a tool-call parser watching for its start tag) may release text
-only once no marker can begin in it. The held-back part is the longest suffix of the text so far
-that is a proper prefix of some marker. Each marker carries its Knuth-Morris-Pratt failure table,
-built once in O(len(marker)); the matched length per marker is carried from call to call, so every
-character is stepped at most once per marker (amortised O(1)), and a call never looks further back
-than ``len(marker) - 1`` characters. The work is linear in the text and in the markers' length:
-no table of prefixes, whose size would be quadratic in a marker's length.
+only once no marker can begin in it: the held-back part is the longest suffix of the text so far
+that is a proper prefix of some marker (``Cutter`` applies that rule for the output parsers: it
+cuts a buffer at the earliest complete marker, or releases what no marker can start in). Each
+marker carries its Knuth-Morris-Pratt failure table, built once in O(len(marker)); the matched
+length per marker is carried from call to call, so every character is stepped at most once per
+marker (amortised O(1)), and a call never looks further back than ``len(marker) - 1`` characters.
+The work is linear in the text and in the markers' length: no table of prefixes, whose size would
+be quadratic in a marker's length.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 
+@lru_cache(maxsize=4096)
 def _failure(marker: str) -> list[int]:
     """KMP failure table: ``fail[k]`` is the longest proper border of ``marker[:k]``."""
     fail = [0] * (len(marker) + 1)
@@ -82,3 +86,39 @@ def held_back(text: str, markers: Sequence[str]) -> int:
     O(len(text) + total marker length); for a stream, keep one ``HoldBack`` instead.
     """
     return HoldBack(markers).hold(text, len(text))
+
+
+class Cutter:
+    """The markers one parser state watches for, over a buffer of text not yet released.
+
+    ``cut(buf)`` returns ``(n, marker)``: with a complete marker in ``buf``, ``n`` is where the
+    earliest one starts (ties: the longer marker, so ``</a>`` beats ``</``); without one, ``n`` is
+    how much of ``buf`` is text no marker can begin in (the rest is held back) and ``marker`` is
+    None. The hold-back is ``HoldBack``'s, recomputed from ``buf`` on each call, so one Cutter
+    serves any number of streams. A buffer holding none of the markers' first characters is
+    released whole after one scan per first character.
+    """
+
+    __slots__ = ("markers", "_hold", "_firsts")
+
+    def __init__(self, markers: Sequence[str]):
+        self.markers = tuple(sorted({m for m in markers if m}, key=len, reverse=True))
+        self._hold = HoldBack(self.markers)
+        self._firsts = tuple({m[0] for m in self.markers})
+
+    def cut(self, buf: str) -> tuple[int, str | None]:
+        start = len(buf)
+        for c in self._firsts:
+            i = buf.find(c)
+            if i != -1 and i < start:
+                start = i
+        if start == len(buf):
+            return start, None
+        best, best_at = None, len(buf)
+        for m in self.markers:
+            i = buf.find(m, start)
+            if i != -1 and i < best_at:
+                best, best_at = m, i
+        if best is not None:
+            return best_at, best
+        return len(buf) - self._hold.hold(buf, len(buf)), None

@@ -18,11 +18,17 @@ class PromptTokensDetails(msgspec.Struct, omit_defaults=True, gc=False):
     cached_tokens: int | None = None
 
 
+class CompletionTokensDetails(msgspec.Struct, gc=False):
+    reasoning_tokens: int = 0
+
+
 class Usage(msgspec.Struct, omit_defaults=True, gc=False):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    # Sent when a reasoning parser runs (vLLM's completion_tokens_details).
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 # ---- logprobs ----
@@ -93,6 +99,7 @@ class ChatDelta(msgspec.Struct, omit_defaults=True, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning: str | None = None  # vLLM 0.32's name for reasoning_content (both are sent)
 
 
 class ChatChunkChoice(msgspec.Struct, omit_defaults=True, gc=False):
@@ -123,6 +130,7 @@ class ChatMessage(msgspec.Struct, omit_defaults=True, gc=False):
     content: str | None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] = []
+    reasoning: str | None = None  # vLLM 0.32's name for reasoning_content (both are sent)
 
 
 class ChatChoice(msgspec.Struct, omit_defaults=True, gc=False):

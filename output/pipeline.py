@@ -5,16 +5,17 @@ Per request one ``Pipeline``; per choice (n > 1 fans out to n engine requests) o
 into at most ONE chunk Struct. ``sse_stream`` writes those chunks as SSE events; ``collect``
 folds the very same chunks into the non-stream body (output/collect.py), so the two cannot
 disagree. The parser stage is an explicit seam: ``ParserFactory`` builds a per-choice
-``OutputParser`` (reasoning / tool-call parsers plug in there, as in vLLM's chat serving); with
-none configured the text passes through untouched.
+``OutputParser`` (output/parsers/: reasoning and tool-call parsers, as in vLLM's chat serving);
+with none configured the text passes through untouched. A parser reads the text with the special
+tokens that carry its markers kept, whatever the client's ``skip_special_tokens``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -28,13 +29,13 @@ from output.openai_types import (
     Chunk,
     Completion,
     CompletionChoice,
-    DeltaToolCall,
     GenerateChoice,
     GenerateLogprobs,
     GenerateResponse,
     PromptTokensDetails,
     Usage,
 )
+from output.parsers.emit import ParsedDelta
 from output.stop import StopChecker
 from serving.errors import EngineOutputError
 from wire.engine import FINISH_REASON_STRINGS, EngineCoreOutput, FinishReason
@@ -45,19 +46,24 @@ T = TypeVar("T")
 CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
 
 
-class ParsedDelta(NamedTuple):
-    content: str | None
-    reasoning_content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
 class OutputParser(Protocol):
     """A chat output parser for one choice (vLLM's reasoning / tool-call parsers' role)."""
 
-    def parse(self, text: str, token_ids: Sequence[int], finished: bool) -> ParsedDelta: ...
+    def parse(self, text: str, token_ids: Sequence[int], finished: bool
+              ) -> ParsedDelta | None: ...
 
 
-ParserFactory = Callable[[int], OutputParser]
+class ParserFactory(Protocol):
+    """Builds choice ``index``'s parser; says which special tokens its markers need kept in the
+    text, whether a tool_choice forces the call (content "" then, and finish_reason "stop" for
+    a named function), and whether reasoning is hidden (no logprobs or token ids either)."""
+
+    keep_special: frozenset[int]
+    forced: bool
+    named: bool
+    include_reasoning: bool
+
+    def __call__(self, index: int) -> OutputParser: ...
 
 
 class PipelineSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -115,22 +121,28 @@ class Pipeline:
         self.cached_tokens: int | None = None
         needs_text = spec.kind != GENERATE or spec.output_mode == "text"
         detok = spec.detokenize and (needs_text or bool(spec.stop))
+        if spec.kind != CHAT:
+            parsers = None
+        self.parsers = parsers
+        keep = parsers.keep_special if parsers is not None else frozenset()
         self._choices = [
             _Choice(
                 decoder.new(skip_special_tokens=spec.skip_special_tokens,
-                            prompt_tail=spec.prompt_tail) if detok else None,
+                            prompt_tail=spec.prompt_tail, keep=keep) if detok else None,
                 StopChecker(spec.stop if detok else (),
                             include_in_output=spec.include_stop_str_in_output,
                             min_tokens=spec.min_tokens),
                 ChoiceLogprobs(decoder, spec.logprobs) if spec.logprobs is not None else None,
-                parsers(i) if parsers is not None and spec.kind == CHAT else None,
+                parsers(i) if parsers is not None else None,
             )
             for i in range(spec.n)
         ]
+        # Reasoning hidden: vLLM sends no logprobs or token ids either (they would show it).
+        self._hide_ids = parsers is not None and not parsers.include_reasoning
         self._text_out = needs_text
         # Token ids alone justify a chunk when the client sees them (logprobs, ids, generate).
         self._ids_matter = (spec.logprobs is not None or spec.return_token_ids
-                            or spec.kind == GENERATE)
+                            or spec.kind == GENERATE) and not self._hide_ids
         # Plain chat (no parser, usage or ids per chunk) has a per-token fast path, with
         # logprobs or without.
         plain = (spec.kind == CHAT and detok and parsers is None and not spec.continuous_usage
@@ -348,22 +360,30 @@ class Pipeline:
     def _chat(
         self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int], text: str,
         finish: str | None, stop_reason: int | str | None,
-    ) -> ChatCompletionChunk:
+    ) -> ChatCompletionChunk | None:
         spec = self.spec
         parser = choice.parser
         if parser is None:
             delta = ChatDelta(content=text)
         else:
             parsed = parser.parse(text, ids, finish is not None)
-            delta = ChatDelta(content=parsed.content, reasoning_content=parsed.reasoning_content,
-                              tool_calls=parsed.tool_calls)
-            choice.tool_calls = choice.tool_calls or bool(parsed.tool_calls)
-            if finish == "stop" and choice.tool_calls:
+            if parsed is None:
+                if finish is None and not (ids and self._ids_matter):
+                    return None
+                delta = ChatDelta()
+            else:
+                reasoning = parsed.reasoning_content
+                delta = ChatDelta(content=parsed.content, reasoning_content=reasoning,
+                                  reasoning=reasoning, tool_calls=parsed.tool_calls)
+                choice.tool_calls = choice.tool_calls or bool(parsed.tool_calls)
+            assert self.parsers is not None
+            if finish == "stop" and choice.tool_calls and not self.parsers.named:
                 finish = "tool_calls"
         lp = choice.logprobs
-        logprobs = ChatLogprobs(lp.chat(ids, _rows(out))) if lp is not None else None
+        logprobs = (ChatLogprobs(lp.chat(ids, _rows(out)))
+                    if lp is not None and not self._hide_ids else None)
         usage = self.usage(index) if spec.continuous_usage else None
-        token_ids = list(ids) if spec.return_token_ids else None
+        token_ids = list(ids) if spec.return_token_ids and not self._hide_ids else None
         return self._chat_chunk(
             ChatChunkChoice(index, delta, logprobs, finish, stop_reason, token_ids), usage)
 

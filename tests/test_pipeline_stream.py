@@ -16,11 +16,11 @@ from tokenizers import Tokenizer
 
 from output.collect import collect
 from output.detokenize import TokenDecoder
+from output.parsers.registry import ModelParsers, RequestOptions
 from output.pipeline import (
     CHAT,
     COMPLETION,
     GENERATE,
-    ParsedDelta,
     Pipeline,
     PipelineSpec,
     interleave,
@@ -293,48 +293,35 @@ def test_generate_tokens_shapes(decoder: TokenDecoder) -> None:
     assert decoder.tokenizer.decode(c["token_ids"]) == "ab cd"
 
 
-class ThinkParser:
-    """A reasoning parser in vLLM's style (Qwen3): text before the </think> token is reasoning."""
-
-    def __init__(self, end_id: int) -> None:
-        self.end_id = end_id
-        self.reasoning = True
-
-    def parse(self, text: str, token_ids: Sequence[int], finished: bool) -> ParsedDelta:
-        if not self.reasoning:
-            return ParsedDelta(text)
-        if self.end_id in token_ids:
-            self.reasoning = False
-            before, _, after = text.partition("</think>")
-            return ParsedDelta(after, before.removeprefix("<think>") or None)
-        return ParsedDelta(None, text.removeprefix("<think>"))
-
-
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_parser_stage_seam(decoder: TokenDecoder, batch: int) -> None:
     tok = decoder.tokenizer
     start, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
     ids = [start, *tok.encode("Let me think.").ids, end, *tok.encode("The answer is 4.").ids]
     spec = _spec(CHAT)
+    parsers = ModelParsers(None, "qwen3", False, tokenizer=tok).for_request(RequestOptions(), [])
+    assert parsers is not None
 
     def run_stream() -> list[bytes]:
         async def go() -> list[bytes]:
-            pipe = Pipeline(spec, decoder, parsers=lambda i: ThinkParser(end))
+            pipe = Pipeline(spec, decoder, parsers=parsers)
             outs = _choices([_iterate(_steps(ids, [batch], 1))])
             return [b async for b in sse_stream(pipe, outs)]
         return asyncio.run(go())
 
     async def run_collect() -> Any:
-        pipe = Pipeline(spec, decoder, parsers=lambda i: ThinkParser(end))
+        pipe = Pipeline(spec, decoder, parsers=parsers)
         return await collect(pipe, _choices([_iterate(_steps(ids, [batch], 1))]))
 
     events = _events(run_stream())
     reasoning = "".join(e["choices"][0]["delta"].get("reasoning_content") or "" for e in events)
+    alias = "".join(e["choices"][0]["delta"].get("reasoning") or "" for e in events)
     content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     body = asyncio.run(run_collect())
     msg = body.choices[0].message
     assert (reasoning, content) == ("Let me think.", "The answer is 4.")
-    assert (msg.reasoning_content, msg.content) == (reasoning, content)
+    assert alias == reasoning
+    assert (msg.reasoning_content, msg.reasoning, msg.content) == (reasoning, reasoning, content)
 
 
 def test_completion_echo_and_token_ids(decoder: TokenDecoder) -> None:

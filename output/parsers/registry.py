@@ -1,0 +1,199 @@
+"""Parsers by vLLM's names (``--tool-call-parser``, ``--reasoning-parser``), ``auto`` by model.
+
+``ModelParsers`` is built once per served model from the operator's flags: it resolves the
+names (``auto`` picks from the model's chat template and ``model_type`` where that is
+unambiguous), knows which special tokens carry the parsers' markers, and per request builds the
+per-choice parsers the output pipeline runs (``RequestParsers``). As in vLLM, a tool-call parser
+only runs with ``--enable-auto-tool-choice``; ``tool_choice`` ``none`` leaves calls as text, a
+named function or ``required`` is read as the JSON the constraint produced (render/tool_choice.py)
+when the family's calls are JSON, else by the family's parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from output.parsers.base import Plain, Stage
+from output.parsers.chat import ChatParser
+from output.parsers.emit import Out, random_call_id
+from output.parsers.forced import Named, Required
+from output.parsers.hermes import hermes
+from output.parsers.reasoning import DEEPSEEK_R1, QWEN3, ThinkFormat, Thinking
+
+# How much of the prompt's end decides where reasoning starts (its last turn's markers).
+PROMPT_TAIL_TOKENS = 64
+
+Tools = Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFamily:
+    name: str
+    build: Callable[[Out, Tools], Stage]
+    markers: tuple[str, ...]  # texts the parser must see, special tokens or not
+    forced_json: bool = True  # vLLM's supports_required_and_named
+    call_id: Callable[[str, int], str] = random_call_id
+
+
+def _hermes(out: Out, tools: Tools) -> Stage:
+    return hermes(out)
+
+
+_HERMES = ToolFamily("hermes", _hermes, ("<tool_call>", "</tool_call>"))
+
+TOOL_PARSERS: dict[str, ToolFamily] = {
+    "hermes": _HERMES,
+    "qwen3_json": _HERMES,
+}
+REASONING_PARSERS: dict[str, ThinkFormat] = {
+    "qwen3": QWEN3,
+    "deepseek_r1": DEEPSEEK_R1,
+}
+
+
+class ParserConfigError(ValueError):
+    """An unknown parser name or an ``auto`` that cannot tell; the message lists the names."""
+
+
+def auto_tool_parser(model_type: str, template: str) -> str | None:
+    """The tool-call parser a model's chat template implies, if it implies one."""
+    if "<tool_call>" in template and "<function=" not in template:
+        return "hermes"
+    return None
+
+
+def auto_reasoning_parser(model_type: str, template: str) -> str | None:
+    if "<think>" in template and model_type.startswith("qwen3"):
+        return "qwen3"
+    if "<think>" in template and model_type.startswith("deepseek"):
+        return "deepseek_r1"
+    return None
+
+
+def _resolve(name: str | None, table: dict[str, Any], auto: Callable[[str, str], str | None],
+             model_type: str, template: str, flag: str) -> str | None:
+    if name is None:
+        return None
+    if name == "auto":
+        found = auto(model_type, template)
+        if found is None:
+            raise ParserConfigError(
+                f"{flag} auto: cannot tell the parser of this model (model_type "
+                f"{model_type!r}) from its chat template; name one of {sorted(table)}")
+        return found
+    if name not in table:
+        raise ParserConfigError(f"{flag} {name!r} is not a known parser; known: {sorted(table)}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """What one chat request says about its parsing."""
+
+    tools: Tools | None = None
+    tool_choice: str | dict[str, Any] | None = "none"  # "none" | "auto" | "required" | named
+    include_reasoning: bool = True
+    parallel_tool_calls: bool | None = True
+    history_calls: int = 0  # tool calls of earlier assistant turns (Kimi's ids count on)
+
+
+class ModelParsers:
+    """One served model's parsers, resolved from the operator's flags."""
+
+    def __init__(self, tool_parser: str | None, reasoning_parser: str | None,
+                 enable_auto_tools: bool, *, tokenizer: Tokenizer, model_type: str = "",
+                 template: str | None = None) -> None:
+        template = template or ""
+        tool = _resolve(tool_parser, TOOL_PARSERS, auto_tool_parser, model_type, template,
+                        "--tool-call-parser")
+        reasoning = _resolve(reasoning_parser, REASONING_PARSERS, auto_reasoning_parser,
+                             model_type, template, "--reasoning-parser")
+        self.tool_name = tool
+        self.reasoning_name = reasoning
+        # As vLLM: the tool-call parser exists only with --enable-auto-tool-choice.
+        self.tool = TOOL_PARSERS[tool] if tool is not None and enable_auto_tools else None
+        self.reasoning = REASONING_PARSERS[reasoning] if reasoning is not None else None
+        self.enable_auto_tools = enable_auto_tools
+        self.tokenizer = tokenizer
+        markers = set(self.tool.markers if self.tool else ())
+        if self.reasoning is not None:
+            markers.update(self.reasoning.markers)
+            markers.update(self.reasoning.boundaries)
+        added = tokenizer.get_added_tokens_decoder()
+        self.keep_special = frozenset(i for i, t in added.items()
+                                      if t.special and t.content in markers)
+
+    @property
+    def active(self) -> bool:
+        return self.tool is not None or self.reasoning is not None
+
+    def for_request(self, opts: RequestOptions, prompt_ids: Sequence[int]
+                    ) -> RequestParsers | None:
+        if not self.active:
+            return None
+        reasoning = None
+        if self.reasoning is not None:
+            tail = self.tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]),
+                                         skip_special_tokens=False)
+            reasoning = (self.reasoning, self.reasoning.starts_reasoning(tail))
+        return RequestParsers(self, opts, reasoning)
+
+
+@dataclass(slots=True)
+class RequestParsers:
+    """The pipeline's parser factory for one request: one ``ChatParser`` per choice."""
+
+    model: ModelParsers
+    opts: RequestOptions
+    reasoning: tuple[ThinkFormat, bool] | None
+    failures: list[int] = field(default_factory=lambda: [0])
+
+    @property
+    def keep_special(self) -> frozenset[int]:
+        return self.model.keep_special
+
+    @property
+    def forced(self) -> bool:
+        """A named or required tool_choice: the message content is "" when nothing else."""
+        choice = self.opts.tool_choice
+        return choice == "required" or isinstance(choice, dict)
+
+    @property
+    def named(self) -> bool:
+        """A named tool_choice: its call ends the turn with finish_reason "stop" (OpenAI's)."""
+        return isinstance(self.opts.tool_choice, dict)
+
+    @property
+    def include_reasoning(self) -> bool:
+        return self.opts.include_reasoning
+
+    def __call__(self, index: int) -> ChatParser:
+        opts = self.opts
+        family = self.model.tool
+        out = Out(family.call_id if family else random_call_id, opts.history_calls)
+        tail: Stage = self._tool_stage(out)
+        if self.reasoning is not None:
+            fmt, starts = self.reasoning
+            tail = Thinking(fmt, out, tail, starts)
+        return ChatParser(out, tail, include_reasoning=opts.include_reasoning,
+                          single_call=opts.parallel_tool_calls is False,
+                          on_failure=self._failed)
+
+    def _tool_stage(self, out: Out) -> Stage:
+        opts = self.opts
+        family = self.model.tool
+        choice = opts.tool_choice
+        if family is None or not opts.tools or choice == "none":
+            return Plain(out)
+        if family.forced_json and isinstance(choice, dict):
+            return Named(out, choice["function"]["name"])
+        if family.forced_json and choice == "required":
+            return Required(out)
+        return family.build(out, opts.tools)
+
+    def _failed(self) -> None:
+        self.failures[0] += 1
