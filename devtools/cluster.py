@@ -48,6 +48,10 @@ class ClusterOptions:
     # The router's context length when it must differ from the sims' (tests of an engine that
     # refuses what the router admits); None: the sims' own.
     router_max_model_len: int | None = None
+    # vLLM's parser flags for the router (and so for its in-process render).
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
 
 
 class LocalCluster:
@@ -88,7 +92,10 @@ class LocalCluster:
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
                             log_json=False, log_level="WARNING",
-                            http_server=self.options.http_server)
+                            http_server=self.options.http_server,
+                            tool_call_parser=self.options.tool_call_parser,
+                            reasoning_parser=self.options.reasoning_parser,
+                            enable_auto_tool_choice=self.options.enable_auto_tool_choice)
 
     def sim_options(self) -> dict[str, Any]:
         """The sims' SimConfig overrides, with the context length the router is given too."""

@@ -58,10 +58,17 @@ class ParserFactory(Protocol):
     text, whether a tool_choice forces the call (content "" then, and finish_reason "stop" for
     a named function), and whether reasoning is hidden (no logprobs or token ids either)."""
 
-    keep_special: frozenset[int]
-    forced: bool
-    named: bool
-    include_reasoning: bool
+    @property
+    def keep_special(self) -> frozenset[int]: ...
+
+    @property
+    def forced(self) -> bool: ...
+
+    @property
+    def named(self) -> bool: ...
+
+    @property
+    def include_reasoning(self) -> bool: ...
 
     def __call__(self, index: int) -> OutputParser: ...
 

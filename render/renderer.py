@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
 
+import msgspec
 import tokenizers
 from msgspec import UNSET
 
@@ -36,6 +37,9 @@ from render.protocol import (
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.template import ChatTemplate, TemplateCache
 from render.token_json import TokenArray, TokenIds, join
+from render.tool_choice import ToolCalling, forced_schema
+from render.tool_choice import check as check_tool_calling
+from wire.sampling import StructuredOutputsParams
 
 if TYPE_CHECKING:
     from render.harmony import HarmonyRenderer
@@ -112,6 +116,14 @@ class Renderer:
 
             self._mistral = MistralRenderer(files.tekken_path)
         self._affixes = self._special_affixes()
+        # The server's tool-call flags (render/tool_choice.py); None: a library render that
+        # checks tool_choice only against the request itself.
+        self.tool_calling: ToolCalling | None = None
+
+    @property
+    def native_tool_calls(self) -> bool:
+        """Harmony and Mistral tokenizers: vLLM reads their calls whatever the flags."""
+        return self._harmony is not None or self._mistral is not None
 
     @classmethod
     def load(
@@ -281,6 +293,8 @@ class Renderer:
         if req.use_beam_search:
             raise BadRequestError("Beam search is not supported by the render endpoint")
         _check_tool_choice(req)
+        if self.tool_calling is not None:
+            req = _with_tool_calling(req, self.tool_calling)
         # Offsets are checked against the ids as a list: an answer with them takes the list.
         ids = self._chat_ids(req, array=array and not req.return_token_offsets)
         if len(ids) == 0:
@@ -472,8 +486,28 @@ class Renderer:
         )
 
 
+def _with_tool_calling(req: ChatCompletionRequest, calling: ToolCalling) -> ChatCompletionRequest:
+    """The request as vLLM's parser ``adjust_request`` leaves it: a forced call constrained to
+    its schema, and the markers' special tokens kept while tools may be called."""
+    check_tool_calling(req, calling)
+    changes: dict[str, Any] = {}
+    tagged = req.structured_outputs is not None and req.structured_outputs.structural_tag
+    schema = None if tagged else forced_schema(req, calling)
+    if schema is not None:
+        changes.update(structured_outputs=StructuredOutputsParams(json=schema),
+                       response_format=None)
+    if calling.tool_parser is not None and req.tools and req.tool_choice != "none":
+        changes["skip_special_tokens"] = False
+    return msgspec.structs.replace(req, **changes) if changes else req
+
+
 def _check_tool_choice(req: ChatCompletionRequest) -> None:
     """vLLM's request validation of ``tool_choice`` against ``tools``."""
+    so = req.structured_outputs
+    if (so is not None and isinstance(req.tool_choice, NamedToolChoice)
+            and any(v is not None for v in (so.json, so.regex, so.choice))):
+        raise BadRequestError("You can only either use constraints for structured outputs or "
+                              "tools, not both.")
     choice = req.tool_choice
     if choice is UNSET or choice is None or choice == "none":
         return

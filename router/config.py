@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from output.parsers.registry import check_names
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
 from router.routing.policy import POLICIES, PolicyConfig
@@ -175,6 +176,10 @@ class RouterConfig:
     chat_template: str | None = None
     max_model_len: int | None = None
     render_url: str | None = None  # remote render service instead of the in-process Renderer
+    # vLLM's parser flags (output/parsers/registry.py); a remote render service needs the same.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
     engines: tuple[EngineSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     limits: Limits = field(default_factory=Limits)
@@ -190,6 +195,10 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
             raise ValueError(f"http_server must be one of {SERVERS}, got {self.http_server!r}")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("enable_auto_tool_choice requires tool_call_parser "
+                             "(--enable-auto-tool-choice requires --tool-call-parser)")
+        check_names(self.tool_call_parser, self.reasoning_parser)
 
 
 _SCALARS: dict[str, tuple[type, ...]] = {
@@ -319,6 +328,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="context length (default: the model's config.json; keep it at most "
                             "the engines' --max-model-len)")
     model.add_argument("--render-url", help="use a remote `kvroute render` service")
+    model.add_argument("--tool-call-parser", metavar="NAME",
+                       help="vLLM's tool-call parser (hermes, qwen3_coder, llama3_json, mistral, "
+                            "openai, ...; auto: from the model); reads calls only with "
+                            "--enable-auto-tool-choice")
+    model.add_argument("--reasoning-parser", metavar="NAME",
+                       help="vLLM's reasoning parser (qwen3, deepseek_r1, ...; auto)")
+    model.add_argument("--enable-auto-tool-choice", action="store_true", default=None,
+                       help="read the model's tool calls (tool_choice auto, required, named); "
+                            "without it tool_choice auto is a 400, as in vLLM")
     engines = parser.add_argument_group("engines")
     engines.add_argument(
         "--engine",
@@ -422,7 +440,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
                 "chat_template",
                 "max_model_len", "render_url", "log_level",
-                "http_server"):
+                "http_server", "tool_call_parser", "reasoning_parser",
+                "enable_auto_tool_choice"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
     if args.plain_logs:

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from openai import OpenAI
 
@@ -170,13 +171,18 @@ def test_tools_are_rendered_into_the_prompt(cluster: LocalCluster, client: Any,
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
     msgs = _messages("Weather in Paris?")
     plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=2)
+    # tool_choice "none": this router reads no calls (no --enable-auto-tool-choice).
     with_tools = client.chat.completions.create(model=model, messages=msgs, max_tokens=2,
-                                                tools=tools)
+                                                tools=tools, tool_choice="none")
     with httpx.Client(base_url=cluster.base_url) as http:
         rendered = http.post("/v1/chat/completions/render", json={
-            "model": model, "messages": msgs, "tools": tools}).json()
+            "model": model, "messages": msgs, "tools": tools, "tool_choice": "none"}).json()
     assert with_tools.usage.prompt_tokens == len(rendered["token_ids"])
     assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 20
+    # Tools alone mean tool_choice "auto", which needs the flags, as `vllm serve` says.
+    with pytest.raises(openai.BadRequestError, match='"auto" tool choice requires '
+                       "--enable-auto-tool-choice and --tool-call-parser to be set"):
+        client.chat.completions.create(model=model, messages=msgs, max_tokens=2, tools=tools)
 
 
 def test_duplicate_request_ids_in_flight_are_a_4xx(cluster: LocalCluster) -> None:

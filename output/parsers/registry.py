@@ -59,6 +59,15 @@ class ParserConfigError(ValueError):
     """An unknown parser name or an ``auto`` that cannot tell; the message lists the names."""
 
 
+def check_names(tool_parser: str | None, reasoning_parser: str | None) -> None:
+    """Refuse unknown parser names when the configuration is read (``auto`` resolves later)."""
+    for name, table, flag in ((tool_parser, TOOL_PARSERS, "--tool-call-parser"),
+                              (reasoning_parser, REASONING_PARSERS, "--reasoning-parser")):
+        if name is not None and name != "auto" and name not in table:
+            raise ParserConfigError(
+                f"{flag} {name!r} is not a known parser; known: auto, {', '.join(sorted(table))}")
+
+
 def auto_tool_parser(model_type: str, template: str) -> str | None:
     """The tool-call parser a model's chat template implies, if it implies one."""
     if "<tool_call>" in template and "<function=" not in template:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TextIO
 
+from output.parsers.registry import check_names
 from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
@@ -38,6 +39,16 @@ class ModelSpec:
     max_model_len: int | None = None
     # The Hub revision (branch, tag or commit) when ``model`` is a Hugging Face id (render/hub.py).
     revision: str | None = None
+    # vLLM's parser flags (output/parsers/registry.py; "auto" picks by model): they decide which
+    # tool_choice a request may send, and how derender reads the output.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+
+    def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+        check_names(self.tool_call_parser, self.reasoning_parser)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,20 +97,25 @@ class RenderLimits:
 
 def model_spec(model: Path, served_model_name: str | None = None, *, tokenizer: Path | None = None,
                chat_template: Path | None = None, max_model_len: int | None = None,
-               revision: str | None = None) -> ModelSpec:
+               revision: str | None = None, tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None,
+               enable_auto_tool_choice: bool = False) -> ModelSpec:
     """A model to serve; unnamed, it is served by its directory (the embedded one by its id)."""
     if served_model_name is None:
         served_model_name = served_name(model)
-    return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len, revision)
+    return ModelSpec(model, served_model_name, tokenizer, chat_template, max_model_len, revision,
+                     tool_call_parser, reasoning_parser, enable_auto_tool_choice)
 
 
 SPEC_KEYS = {"model", "served_model_name", "tokenizer", "chat_template", "max_model_len",
-             "revision"}
+             "revision", "tool_call_parser", "reasoning_parser", "enable_auto_tool_choice"}
+_TRUE = {"1", "true", "yes", "on"}
 
 
 def parse_model_spec(text: str) -> ModelSpec:
     """``DIR|ORG/NAME[,served_model_name=N][,tokenizer=DIR][,chat_template=FILE]
-    [,max_model_len=N][,revision=REV]``."""
+    [,max_model_len=N][,revision=REV][,tool_call_parser=P][,reasoning_parser=P]
+    [,enable_auto_tool_choice=true]``."""
     head, *pairs = text.split(",")
     fields: dict[str, str] = {"model": head}
     for pair in pairs:
@@ -120,25 +136,35 @@ def parse_model_spec(text: str) -> ModelSpec:
         fields.get("chat_template"),
         fields.get("max_model_len"),
         fields.get("revision"),
+        fields.get("tool_call_parser"),
+        fields.get("reasoning_parser"),
+        fields.get("enable_auto_tool_choice", "").lower() in _TRUE,
     )
 
 
 def _spec(
     model: Path, name: str | None, tokenizer: str | None, template: str | None,
-    max_len: str | None, revision: str | None = None,
+    max_len: str | None, revision: str | None = None, tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None, enable_auto_tool_choice: bool = False,
 ) -> ModelSpec:
     if max_len is not None and (not max_len.isdigit() or int(max_len) < 1):
         raise argparse.ArgumentTypeError(
             f"max_model_len must be a positive integer, not {max_len!r}"
         )
-    return model_spec(
-        model,
-        name,
-        tokenizer=Path(tokenizer) if tokenizer else None,
-        chat_template=Path(template) if template else None,
-        max_model_len=int(max_len) if max_len is not None else None,
-        revision=revision,
-    )
+    try:
+        return model_spec(
+            model,
+            name,
+            tokenizer=Path(tokenizer) if tokenizer else None,
+            chat_template=Path(template) if template else None,
+            max_model_len=int(max_len) if max_len is not None else None,
+            revision=revision,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+            enable_auto_tool_choice=enable_auto_tool_choice,
+        )
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="SPEC", help="another model: DIR|ORG/NAME[,served_model_name=N]"
                    "[,tokenizer=DIR][,chat_template=FILE][,max_model_len=N][,revision=REV]; "
                    "repeatable")
+    m.add_argument("--tool-call-parser", metavar="NAME",
+                   help="vLLM's tool-call parser of --model (hermes, qwen3_coder, llama3_json, "
+                        "mistral, openai, ...; auto: from the model); reads calls only with "
+                        "--enable-auto-tool-choice")
+    m.add_argument("--reasoning-parser", metavar="NAME",
+                   help="vLLM's reasoning parser of --model (qwen3, deepseek_r1, ...; auto)")
+    m.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="read the model's tool calls (tool_choice auto, required, named); "
+                        "without it tool_choice auto is a 400, as in vLLM")
     m.add_argument("--allow-request-chat-template", action="store_true",
                    help="accept a request's own `chat_template` (off: 400)")
     s = p.add_argument_group("serving")
@@ -208,7 +243,8 @@ def parse_args(argv: list[str]) -> ServerConfig:
     a = p.parse_args(argv)
     try:
         primary = _spec(a.model, a.served_model_name, a.tokenizer, a.chat_template,
-                        a.max_model_len, a.revision)
+                        a.max_model_len, a.revision, a.tool_call_parser, a.reasoning_parser,
+                        a.enable_auto_tool_choice)
     except argparse.ArgumentTypeError as e:
         p.error(str(e))
     models = (primary, *a.add_model)

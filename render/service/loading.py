@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from output.parsers.registry import ModelParsers
 from render.errors import ModelNotFoundError
 from render.protocol import (
     ChatCompletionRequest,
@@ -18,6 +19,7 @@ from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
 from render.token_json import json_encoder
+from render.tool_choice import ToolCalling
 
 
 class Codecs:
@@ -34,8 +36,10 @@ class Codecs:
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
                 limits: RequestLimits = DEFAULT_LIMITS) -> ModelRegistry:
-    """The renderers of ``specs``, in order (the first is the default model)."""
-    return ModelRegistry([
+    """The renderers of ``specs``, in order (the first is the default model), each told the
+    server's tool-call flags (``Renderer.tool_calling``)."""
+    specs = list(specs)
+    registry = ModelRegistry([
         Renderer.load(
             spec.model,
             tokenizer=spec.tokenizer,
@@ -47,6 +51,28 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
         )
         for spec in specs
     ])
+    load_parsers(registry, specs)
+    return registry
+
+
+def model_parsers(renderer: Renderer, spec: ModelSpec) -> ModelParsers:
+    """The model's output parsers from its flags (a bad name raises ParserConfigError); tells
+    its renderer which tool_choice the server can honour."""
+    parsers = ModelParsers(spec.tool_call_parser, spec.reasoning_parser,
+                           spec.enable_auto_tool_choice, tokenizer=renderer.tokenizer,
+                           model_type=renderer.files.model_type,
+                           template=renderer.files.chat_template(True))
+    tool = parsers.tool
+    renderer.tool_calling = ToolCalling(
+        tool.name if tool is not None else None, spec.enable_auto_tool_choice,
+        tool.forced_json if tool is not None else True, renderer.native_tool_calls)
+    return parsers
+
+
+def load_parsers(registry: ModelRegistry, specs: Iterable[ModelSpec]) -> dict[str, ModelParsers]:
+    """Every model's parsers by served name."""
+    return {r.served_model_name: model_parsers(r, spec)
+            for r, spec in zip(registry, specs, strict=True)}
 
 
 def find_model(registry: ModelRegistry, name: str | None) -> Renderer:

@@ -39,7 +39,7 @@ from render.protocol import decode_request
 from render.renderer import Renderer
 from render.service.config import ServerConfig, parse_args
 from render.service.fast_route import FastRenderRoute
-from render.service.loading import Codecs, load_models
+from render.service.loading import Codecs, load_models, load_parsers
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
 from render.service.state import STATE_KEY, Models, RenderState, render_state
 from serving.body import JSON, json_response, read_body
@@ -161,7 +161,9 @@ def create_app(cfg: ServerConfig, *,
         # thread pool until they are up.
         helper = RenderHelper(cfg, metrics)
         helper.start()
-        st = RenderState(Models(registry, int(time.time())), tuple(m.model for m in cfg.models),
+        parsers = load_parsers(registry, cfg.models)
+        st = RenderState(Models(registry, int(time.time()), parsers),
+                         tuple(m.model for m in cfg.models),
                          cfg.limits, pool, Codecs(), metrics, helper)
         if on_ready is not None:
             on_ready()

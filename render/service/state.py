@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from output.parsers.registry import ModelParsers
 from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.service.config import RenderLimits
@@ -34,8 +35,11 @@ class Models:
     never blocks the loop, and the lock is uncontended on the common path.
     """
 
-    def __init__(self, registry: ModelRegistry, created: int) -> None:
+    def __init__(self, registry: ModelRegistry, created: int,
+                 parsers: dict[str, ModelParsers] | None = None) -> None:
         self.registry = registry
+        # Each model's output parsers by served name (derender, and the router's answers).
+        self.parsers = parsers or {}
         self.locks = {name: asyncio.Lock() for name in registry.names()}
         self.costs = {name: RenderCost() for name in registry.names()}
         self.created = created

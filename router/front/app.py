@@ -32,7 +32,7 @@ from radix import PrefixIndex
 from render.protocol import GenerateRequest
 from render.service import server as render_server
 from render.service.config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimits, model_spec
-from render.service.loading import Codecs, load_models
+from render.service.loading import Codecs, load_models, load_parsers
 from render.service.state import STATE_KEY as RENDER_KEY
 from render.service.state import Models, RenderState
 from router.config import RouterConfig
@@ -192,7 +192,9 @@ def model_of(cfg: RouterConfig) -> ModelSpec:
         Path(cfg.model), cfg.served_model_name,
         tokenizer=Path(cfg.tokenizer) if cfg.tokenizer else None,
         chat_template=Path(cfg.chat_template) if cfg.chat_template else None,
-        max_model_len=cfg.max_model_len)
+        max_model_len=cfg.max_model_len, tool_call_parser=cfg.tool_call_parser,
+        reasoning_parser=cfg.reasoning_parser,
+        enable_auto_tool_choice=cfg.enable_auto_tool_choice)
 
 
 def create_app(cfg: RouterConfig,
@@ -207,8 +209,8 @@ def create_app(cfg: RouterConfig,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
-        models = Models(await asyncio.to_thread(
-            lambda: load_models([spec], limits=cfg.limits.request)), int(time.time()))
+        registry = await asyncio.to_thread(lambda: load_models([spec], limits=cfg.limits.request))
+        models = Models(registry, int(time.time()), load_parsers(registry, [spec]))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)

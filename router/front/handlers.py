@@ -12,12 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from output.detokenize import TokenDecoder
+from output.parsers.registry import RequestParsers
 from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest, decode_request
 from render.renderer import Renderer
 from render.sampling_checks import check_sampling
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
+from router.front.parsing import request_options
 from router.front.respond import EngineResponse, client_disconnected
 from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
@@ -47,11 +49,12 @@ def _stop(value: str | list[str] | None) -> tuple[str, ...]:
 def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpec:
     sp = gen.sampling_params
     opts = gen.stream_options
+    kw.setdefault("skip_special_tokens", sp.skip_special_tokens)
     return PipelineSpec(
         kind=kind, request_id=gen.request_id, model=model, created=int(time.time()),
         prompt_tokens=len(gen.token_ids), n=sp.n, stop=_stop(sp.stop),
         include_stop_str_in_output=sp.include_stop_str_in_output,
-        skip_special_tokens=sp.skip_special_tokens, min_tokens=sp.min_tokens,
+        min_tokens=sp.min_tokens,
         logprobs=sp.logprobs, detokenize=sp.detokenize,
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
@@ -60,7 +63,8 @@ def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpe
 
 
 async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                stream: bool, decoder: TokenDecoder) -> EngineResponse:
+                stream: bool, decoder: TokenDecoder,
+                parsers: RequestParsers | None = None) -> EngineResponse:
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
@@ -68,7 +72,7 @@ async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: P
         gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
         priority=gen.priority))
     st.router_metrics.prompt_tokens_tally.inc((), len(gen.token_ids))
-    return EngineResponse(st, routed, spec, decoder, stream)
+    return EngineResponse(st, routed, spec, decoder, stream, parsers=parsers)
 
 
 async def _unless_client_leaves(st: RouterState, receive: Receive, opening: Awaitable[T]) -> T:
@@ -138,16 +142,24 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes,
         gen = await st.remote.render_chat(body)
     else:
         gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
+    # What the client sees follows its own skip_special_tokens: a parser's markers reach the
+    # parser whatever it is (the rendered params clear it for vLLM's parsers, as vLLM does).
     spec = _spec(CHAT, gen, renderer.served_model_name,
-                 return_token_ids=bool(req.return_token_ids))
-    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
+                 return_token_ids=bool(req.return_token_ids),
+                 skip_special_tokens=req.skip_special_tokens)
+    parsers = st.models.parsers.get(renderer.served_model_name)
+    per_request = (parsers.for_request(request_options(req), gen.token_ids)
+                   if parsers is not None else None)
+    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival,
+                         per_request)
 
 
 async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                  stream: bool, renderer: Renderer, arrival: float) -> EngineResponse:
+                  stream: bool, renderer: Renderer, arrival: float,
+                  parsers: RequestParsers | None = None) -> EngineResponse:
     """Open the engine request and its response, timed from the request's arrival."""
     decoder = st.decoders[renderer.served_model_name]
-    resp = await _open(st, receive, gen, spec, stream, decoder)
+    resp = await _open(st, receive, gen, spec, stream, decoder, parsers)
     resp.arrival = arrival
     return resp
 

@@ -52,6 +52,7 @@ class PipelineGroup:
         # ``spec`` is the response's: its id, and n = every choice of every prompt.
         self.spec = spec
         self.parts = tuple(parts)
+        self.parsers = None  # completions: no output parsers
         self._where: list[tuple[Pipeline, int, int]] = []  # (pipeline, local index, offset)
         for p in self.parts:
             offset = len(self._where)

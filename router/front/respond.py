@@ -13,7 +13,7 @@ import msgspec
 
 from output.collect import collect
 from output.detokenize import TokenDecoder
-from output.pipeline import Pipeline, PipelineSpec, interleave
+from output.pipeline import ParserFactory, Pipeline, PipelineSpec, interleave
 from output.sse import RAW_SEND, Backlog, SSEResponse, StreamEnd, sse_stream
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
@@ -36,10 +36,12 @@ class EngineResponse:
 
     def __init__(self, state: RouterState, routed: Routed | RoutedGroup, spec: PipelineSpec,
                  decoder: TokenDecoder, stream: bool,
-                 pipeline: PipelineGroup | None = None) -> None:
+                 pipeline: PipelineGroup | None = None,
+                 parsers: ParserFactory | None = None) -> None:
         self.st = state
         self.routed = routed
         self.group = pipeline  # several prompts in one completions request
+        self.parsers = parsers  # chat: the request's output parsers
         self.spec = spec
         self.decoder = decoder
         self.stream = stream
@@ -51,7 +53,7 @@ class EngineResponse:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         st, routed = self.st, self.routed
-        pipeline: Any = self.group or Pipeline(self.spec, self.decoder)
+        pipeline: Any = self.group or Pipeline(self.spec, self.decoder, self.parsers)
         route = routed.decision.header().encode()
         st.active[self.spec.request_id] = routed
         st.lifecycle.enter()
