@@ -120,7 +120,7 @@ class Collector:
                 if a.any_text:
                     content: str | None = "".join(a.text)
                 elif parsers is not None:  # as vLLM's parsers answer an empty content
-                    content = "" if parsers.forced else None
+                    content = None if tools and not parsers.forced else parsers.empty_content
                 else:
                     content = None if tools else ""
                 reasoning = None if a.reasoning is None else "".join(a.reasoning)

@@ -55,14 +55,18 @@ class OutputParser(Protocol):
 
 class ParserFactory(Protocol):
     """Builds choice ``index``'s parser; says which special tokens its markers need kept in the
-    text, whether a tool_choice forces the call (content "" then, and finish_reason "stop" for
-    a named function), and whether reasoning is hidden (no logprobs or token ids either)."""
+    text, whether a tool_choice forces the call (finish_reason "stop" for a named function), the
+    message content when no text was content, and whether reasoning is hidden (no logprobs or
+    token ids either)."""
 
     @property
     def keep_special(self) -> frozenset[int]: ...
 
     @property
     def forced(self) -> bool: ...
+
+    @property
+    def empty_content(self) -> str | None: ...
 
     @property
     def named(self) -> bool: ...

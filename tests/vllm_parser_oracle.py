@@ -38,6 +38,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (  # noqa: E4
 )
 from vllm.parser import ParserManager  # noqa: E402
 from vllm.renderers import renderer_from_config  # noqa: E402
+from vllm.renderers.chat_utils import make_tool_call_id  # noqa: E402
 from vllm.renderers.online_derenderer import OnlineDerenderer  # noqa: E402
 from vllm.tokenizers.detokenizer_utils import (  # noqa: E402
     convert_prompt_ids_to_tokens,
@@ -91,8 +92,8 @@ def _full(parser_cls: Any, tok: Any, cfg: Any, case: dict[str, Any],
     finish = case["finish_reason"]
     if auto_called or (required and finish == "stop"):
         finish = "tool_calls"
-    out_calls = [{"id": c.id, "type": "function", "name": c.name, "arguments": c.arguments}
-                 for c in calls]
+    out_calls = [{"id": c.id or make_tool_call_id(), "type": "function", "name": c.name,
+                  "arguments": c.arguments} for c in calls]
     if req.parallel_tool_calls is False:
         out_calls = out_calls[:1]
     return {"content": content, "reasoning": reasoning, "tool_calls": out_calls,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from output.holdback import Cutter
 from output.parsers.base import LeadingSpace
 from output.parsers.emit import Out
-from output.parsers.jsonscan import JsonScan
+from output.parsers.jsonscan import Field, JsonScan
 
 TEXT, BODY, AFTER, SKIP, RAW, BROKEN = range(6)
 
@@ -114,6 +114,10 @@ class JsonCalls:
                 self._as_text()
             else:
                 # Broken after it was announced: the raw rest of the body is its arguments.
+                args = self._args_field()
+                start = args.start if args is not None and args.start is not None else scan.pos
+                self.sent = max(self.sent, start)
+                self._forward()
                 cut = max(self.sent, scan.pos)
                 self.out.args(self.index, self.buf[self.sent:cut])
                 self.buf = self.buf[cut:]
@@ -140,8 +144,11 @@ class JsonCalls:
             self.index = self.out.call(name)
             self.lead.drop()
 
+    def _args_field(self) -> Field | None:
+        return next((f for f in self.scan.fields if f.key in self.args_keys), None)
+
     def _forward(self) -> None:
-        args = next((f for f in self.scan.fields if f.key in self.args_keys), None)
+        args = self._args_field()
         if args is None or args.start is None:
             return
         self.sent = max(self.sent, args.start)

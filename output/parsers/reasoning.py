@@ -28,6 +28,9 @@ class ThinkFormat:
     drop_stray_end: bool = False  # an end marker in the content is dropped, not content
     # Turn boundaries of the prompt: markers before the last one belong to earlier turns.
     boundaries: tuple[str, ...] = ()
+    # A prompt that closed the think block (enable_thinking=false) turns the parser off: the
+    # output is plain content, markers and all (Qwen3's parser reads nothing then).
+    off_when_closed: bool = False
 
     def starts_reasoning(self, prompt_tail: str) -> bool:
         """Whether generation starts inside reasoning, from the prompt's last text."""
@@ -55,7 +58,9 @@ class Thinking:
         self.reasoning = reasoning
         self.buf = ""
         self._in_reasoning = Cutter(fmt.markers)
-        self._in_content = Cutter((fmt.end,)) if fmt.drop_stray_end else None
+        # Stray end markers are dropped after the output's own reasoning ended, not when the
+        # prompt had already ended it.
+        self._in_content = Cutter((fmt.end,)) if fmt.drop_stray_end and reasoning else None
 
     def feed(self, text: str) -> None:
         if not self.reasoning and self._in_content is None:
@@ -100,5 +105,5 @@ class Thinking:
 
 
 QWEN3 = ThinkFormat("qwen3", implicit_ends=("<tool_call>",), drop_stray_end=True,
-                    boundaries=("<|im_start|>", "<|im_end|>"))
+                    boundaries=("<|im_start|>", "<|im_end|>"), off_when_closed=True)
 DEEPSEEK_R1 = ThinkFormat("deepseek_r1")

@@ -148,7 +148,9 @@ class ModelParsers:
         if self.reasoning is not None:
             tail = self.tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]),
                                          skip_special_tokens=False)
-            reasoning = (self.reasoning, self.reasoning.starts_reasoning(tail))
+            starts = self.reasoning.starts_reasoning(tail)
+            if starts or not self.reasoning.off_when_closed:
+                reasoning = (self.reasoning, starts)
         return RequestParsers(self, opts, reasoning)
 
 
@@ -170,6 +172,14 @@ class RequestParsers:
         """A named or required tool_choice: the message content is "" when nothing else."""
         choice = self.opts.tool_choice
         return choice == "required" or isinstance(choice, dict)
+
+    @property
+    def empty_content(self) -> str | None:
+        """The message content when no text was content: vLLM's parsers answer None after a
+        reasoning parser (or a call), "" otherwise; a forced call's message has ""."""
+        if self.forced:
+            return ""
+        return None if self.reasoning is not None else ""
 
     @property
     def named(self) -> bool:
