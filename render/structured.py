@@ -21,6 +21,7 @@ engine failure. Compiling costs ~0.1-1 ms per schema: verdicts are cached by con
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import OrderedDict
 from collections.abc import Callable
@@ -90,6 +91,30 @@ def parse_structured_outputs_config(text: str) -> StructuredOutputsConfig:
         raise ValueError(f"--structured-outputs-config: unknown key(s) {unknown}; kvroute "
                          f"reads {sorted(known)}")
     return StructuredOutputsConfig(**data)
+
+
+def add_structured_outputs_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's two spellings of its structured-outputs flag, for render's and the router's CLI
+    (read back with ``structured_outputs_config(args.structured_outputs_json,
+    args.structured_outputs_backend)``)."""
+    group = parser.add_argument_group("structured outputs")
+    group.add_argument("--structured-outputs-config", dest="structured_outputs_json",
+                       metavar="JSON",
+                       help="the engines' --structured-outputs-config, e.g. "
+                            "'{\"backend\": \"guidance\"}' (default: backend auto): requests "
+                            "are checked and their backend resolved as vLLM's frontend does")
+    group.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
+                       metavar="BACKEND", help="the backend alone: auto, xgrammar or guidance")
+
+
+def structured_outputs_config(text: str | None, backend: str | None) -> StructuredOutputsConfig:
+    """The config of the flags ``--structured-outputs-config JSON`` and
+    ``--structured-outputs-config.backend NAME`` (vLLM's two spellings; the second wins)."""
+    config = parse_structured_outputs_config(text) if text else StructuredOutputsConfig()
+    if backend is not None:
+        config = StructuredOutputsConfig(backend, config.disable_any_whitespace,
+                                         config.disable_additional_properties)
+    return config
 
 
 def _fields(so: StructuredOutputsParams) -> dict[str, Any]:
@@ -201,7 +226,12 @@ class StructuredOutputs:
     def from_request(self, structured: StructuredOutputsParams | None,
                      response_format: ResponseFormat | None, *, chat: bool,
                      named_tool: bool = False) -> StructuredOutputsParams | None:
-        """The request's constraint as vLLM's OpenAI protocol builds it, checked as there."""
+        """The request's constraint as vLLM's OpenAI protocol builds it, checked as there.
+        ``_backend`` is vLLM's to set (an init=False field its request parsing never reads):
+        whatever a client put there is dropped."""
+        if structured is not None and (structured._backend or structured._backend_was_auto):
+            structured = msgspec.structs.replace(structured, _backend=None,
+                                                 _backend_was_auto=False)
         if structured is not None:
             if sum(getattr(structured, k) is not None for k in ("json", "regex", "choice")) > 1:
                 raise BadRequestError("You can only use one kind of constraints for structured "
@@ -248,6 +278,7 @@ class StructuredOutputs:
         """``SamplingParams._validate_structured_outputs``: the params an engine is sent."""
         if so is None:
             return None
+        check_one_constraint(so)
         so = msgspec.structs.replace(so)
         backend = self.config.backend
         if so._backend:

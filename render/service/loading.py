@@ -17,6 +17,7 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
+from render.structured import StructuredOutputsConfig
 from render.token_json import json_encoder
 
 
@@ -33,7 +34,8 @@ class Codecs:
 
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
-                limits: RequestLimits = DEFAULT_LIMITS) -> ModelRegistry:
+                limits: RequestLimits = DEFAULT_LIMITS,
+                structured_outputs: StructuredOutputsConfig | None = None) -> ModelRegistry:
     """The renderers of ``specs``, in order (the first is the default model)."""
     return ModelRegistry([
         Renderer.load(
@@ -44,6 +46,7 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
             max_model_len=spec.max_model_len,
             allow_request_chat_template=allow_request_chat_template,
             limits=limits,
+            structured_outputs=structured_outputs,
         )
         for spec in specs
     ])
