@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,10 +36,13 @@ from render.errors import BadRequestError
 from render.protocol import ResponseFormat
 from render.structured_rules import (
     choice_as_grammar,
+    ebnf_empty_alternative,
     grammar_is_likely_lark,
     guidance_json_gaps,
     xgrammar_json_gaps,
+    xgrammar_json_refusal,
     xgrammar_regex_gap,
+    xgrammar_shares_llguidance_error,
 )
 from render.structured_tags import check_structural_tag
 from wire.sampling import StructuredOutputsParams
@@ -349,16 +353,29 @@ class StructuredOutputs:
                 raise BadRequestError("Failed to transform json schema into a grammar: The "
                                       "schema should be a string or a Pydantic model.")
             err = self._compile("json", json.dumps(schema), lenient=True)
+            if err and not xgrammar_shares_llguidance_error(err):
+                err = ""
+            if not err and xgrammar_json_refusal(schema, self._xgrammar_regex_ok):
+                err = "a bound or enum of the schema leaves nothing to generate"
             if err:
                 raise BadRequestError(f"Failed to transform json schema into a grammar: {err}")
             return
         if so.grammar:
-            if self._compile("grammar", so.grammar, lenient=True):
+            if self._compile("grammar", so.grammar, lenient=True) or (
+                    not grammar_is_likely_lark(so.grammar) and ebnf_empty_alternative(so.grammar)):
                 raise BadRequestError("Invalid grammar specification.")
             return
         if so.structural_tag and check_structural_tag(so.structural_tag,
                                                       self._xgrammar_compiles) is not None:
             raise BadRequestError("Invalid structural tag specification.")
+
+    def _xgrammar_regex_ok(self, pattern: str) -> bool:
+        """Whether xgrammar reads a JSON schema's string ``pattern``: it refuses Unicode
+        classes and unclosed character classes, and passes over what else llguidance's
+        regex parser refuses (look-around, unclosed groups, flags)."""
+        if re.search(r"\\[pP]", pattern.replace("\\\\", "")):
+            return False
+        return "unclosed character class" not in self._compile("regex", pattern, lenient=True)
 
     def _xgrammar_compiles(self, kind: str, spec: str) -> bool:
         """Whether xgrammar is predicted to compile one constraint of a structural tag."""
