@@ -324,10 +324,14 @@ class StructuredOutputs:
         except BadRequestError:
             pass
         if so.json and guidance_json_gaps(_load_schema(so.json)):
-            # vLLM validates these with outlines_core, which render does not carry: the
-            # schema's JSON was checked above; the engine compiles the rest.
-            so._backend = "outlines"
-            return
+            # vLLM falls back to outlines here. Render cannot check a schema for outlines
+            # (outlines_core is not among its dependencies), and an engine whose first
+            # structured request was outlines compiles every later one with outlines, which
+            # takes no json_object or grammar: refused, not sent unchecked.
+            raise BadRequestError(
+                "The provided JSON schema uses patternProperties in a way neither xgrammar nor "
+                "guidance supports, and kvroute does not validate schemas for the outlines "
+                "backend vLLM would fall back to: express it without patternProperties.")
         self._guidance_or_raise(so)
         so._backend = "guidance"
 
