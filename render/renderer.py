@@ -15,6 +15,7 @@ import msgspec
 import tokenizers
 from msgspec import UNSET
 
+from render.bad_words import bad_words_token_ids
 from render.errors import BadRequestError, ContextLengthError, TemplateUnavailableError
 from render.fast_tokens import FastTokens
 from render.fast_tokens import build as build_fast_tokens
@@ -35,11 +36,12 @@ from render.protocol import (
     TokenizeResponse,
 )
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
+from render.structured import StructuredOutputs, StructuredOutputsConfig
 from render.template import ChatTemplate, TemplateCache
 from render.token_json import TokenArray, TokenIds, join
 from render.tool_choice import ToolCalling, forced_schema
 from render.tool_choice import check as check_tool_calling
-from wire.sampling import StructuredOutputsParams
+from wire.sampling import SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from render.harmony import HarmonyRenderer
@@ -82,6 +84,7 @@ class Renderer:
         harmony_start_date: str | None,
         fast_tokenizer: bool = True,
         limits: RequestLimits = DEFAULT_LIMITS,
+        structured_outputs: StructuredOutputsConfig | None = None,
     ) -> None:
         self.files = files
         self.limits = limits
@@ -115,6 +118,10 @@ class Renderer:
             from render.mistral import MistralRenderer  # mistral-common only for tekken models
 
             self._mistral = MistralRenderer(files.tekken_path)
+        # vLLM checks grammars for tekken models against their llguidance tokenizer.
+        self.structured = StructuredOutputs(
+            structured_outputs,
+            llg_tokenizer=self._mistral.llg_tokenizer if self._mistral is not None else None)
         self._affixes = self._special_affixes()
         # The server's tool-call flags (render/tool_choice.py); None: a library render that
         # checks tool_choice only against the request itself.
@@ -139,6 +146,7 @@ class Renderer:
         harmony_start_date: str | None = None,
         fast_tokenizer: bool = True,
         limits: RequestLimits = DEFAULT_LIMITS,
+        structured_outputs: StructuredOutputsConfig | None = None,
     ) -> Renderer:
         """Load a local HF model directory (default: the embedded Qwen3). ``chat_template`` is
         the template text or a path to a file holding it. ``fast_tokenizer=False`` keeps
@@ -161,6 +169,7 @@ class Renderer:
             harmony_start_date=harmony_start_date,
             fast_tokenizer=fast_tokenizer,
             limits=limits,
+            structured_outputs=structured_outputs,
         )
         # Loading peaks well above what the tokenizers keep: give the difference back.
         release_freed_heap()
@@ -415,6 +424,15 @@ class Renderer:
 
     # -- shared -------------------------------------------------------------------------------
 
+    def engine_params(self, sp: SamplingParams) -> None:
+        """The steps of vLLM's input processor that need the model's tokenizer, on checked
+        params (render's own and the router's token-in ones): the structured-output constraint
+        checked and its backend resolved (render/structured.py), and ``bad_words`` turned into
+        the token ids the engine bans (render/bad_words.py)."""
+        sp.structured_outputs = self.structured.resolve(sp.structured_outputs)
+        sp._bad_words_token_ids = bad_words_token_ids(
+            sp.bad_words, lambda text: self.encode(text, False))
+
     def _check_ids(self, ids: list[int], param: str) -> None:
         limit = max(self.vocab_size, self.tokenizer.get_vocab_size(True))
         bad = [t for t in ids if t >= limit]
@@ -462,6 +480,18 @@ class Renderer:
                 f"maximum context length of {self.max_model_len} tokens.",
                 param,
             )
+        named_tool = isinstance(req, ChatCompletionRequest) and isinstance(
+            req.tool_choice, NamedToolChoice)
+        structured = self.structured.from_request(
+            req.structured_outputs, req.response_format,
+            chat=isinstance(req, ChatCompletionRequest), named_tool=named_tool)
+        if isinstance(req, ChatCompletionRequest) and self.tool_calling is not None:
+            # A forced call's constraint replaces the request's own (vLLM's tool parser
+            # adjust_request), unless that is a structural tag.
+            schema = (None if structured is not None and structured.structural_tag
+                      else forced_schema(req, self.tool_calling))
+            if schema is not None:
+                structured = StructuredOutputsParams(json=schema)
         params = build_sampling_params(
             req,
             max_tokens=max_tokens,
@@ -469,7 +499,9 @@ class Renderer:
             generation_config=self.generation_config,
             eos_token_id=self.eos_token_id,
             limits=self.limits,
+            structured_outputs=structured,
         )
+        self.engine_params(params)
         return GenerateRequest(
             request_id=request_id,
             # A uint32 array only on the JSON-answer path (render_chat(array=True)).
@@ -487,27 +519,16 @@ class Renderer:
 
 
 def _with_tool_calling(req: ChatCompletionRequest, calling: ToolCalling) -> ChatCompletionRequest:
-    """The request as vLLM's parser ``adjust_request`` leaves it: a forced call constrained to
-    its schema, and the markers' special tokens kept while tools may be called."""
+    """The request checked against the server's tool-call flags, with the markers' special
+    tokens kept while tools may be called (as vLLM's parsers' ``adjust_request`` leave it)."""
     check_tool_calling(req, calling)
-    changes: dict[str, Any] = {}
-    tagged = req.structured_outputs is not None and req.structured_outputs.structural_tag
-    schema = None if tagged else forced_schema(req, calling)
-    if schema is not None:
-        changes.update(structured_outputs=StructuredOutputsParams(json=schema),
-                       response_format=None)
     if calling.tool_parser is not None and req.tools and req.tool_choice != "none":
-        changes["skip_special_tokens"] = False
-    return msgspec.structs.replace(req, **changes) if changes else req
+        return msgspec.structs.replace(req, skip_special_tokens=False)
+    return req
 
 
 def _check_tool_choice(req: ChatCompletionRequest) -> None:
     """vLLM's request validation of ``tool_choice`` against ``tools``."""
-    so = req.structured_outputs
-    if (so is not None and isinstance(req.tool_choice, NamedToolChoice)
-            and any(v is not None for v in (so.json, so.regex, so.choice))):
-        raise BadRequestError("You can only either use constraints for structured outputs or "
-                              "tools, not both.")
     choice = req.tool_choice
     if choice is UNSET or choice is None or choice == "none":
         return

@@ -15,6 +15,11 @@ from typing import Any
 from output.parsers.registry import check_names
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
+from render.structured import (
+    StructuredOutputsConfig,
+    add_structured_outputs_arguments,
+    structured_outputs_config,
+)
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
 
@@ -191,6 +196,8 @@ class RouterConfig:
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
     http_server: str = ROUTER_SERVER
+    # The engines' --structured-outputs-config (render/structured.py; TOML [structured_outputs]).
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -283,10 +290,13 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
             raise ConfigError("link: allowed_peers must be a list of IP addresses")
         link_data["allowed_peers"] = tuple(peers)
     link = _build(LinkConfig, link_data, "link")
+    structured = _build(StructuredOutputsConfig, data.pop("structured_outputs", {}),
+                        "structured_outputs")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams, "link": link},
+         "control": control, "streams": streams, "link": link,
+         "structured_outputs": structured},
         "top level",
     )
 
@@ -368,6 +378,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-output-entries", type=int,
                         help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
                              "0: no limit)")
+    add_structured_outputs_arguments(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -462,6 +473,13 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits
+    if args.structured_outputs_json is not None or args.structured_outputs_backend is not None:
+        try:
+            flagged = structured_outputs_config(args.structured_outputs_json,
+                                                args.structured_outputs_backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        data["structured_outputs"] = {f.name: getattr(flagged, f.name) for f in fields(flagged)}
     try:
         return from_mapping(data)
     except ConfigError as exc:

@@ -18,6 +18,7 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
+from render.structured import StructuredOutputsConfig
 from render.token_json import json_encoder
 from render.tool_choice import ToolCalling
 
@@ -35,7 +36,8 @@ class Codecs:
 
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
-                limits: RequestLimits = DEFAULT_LIMITS) -> ModelRegistry:
+                limits: RequestLimits = DEFAULT_LIMITS,
+                structured_outputs: StructuredOutputsConfig | None = None) -> ModelRegistry:
     """The renderers of ``specs``, in order (the first is the default model), each told the
     server's tool-call flags (``Renderer.tool_calling``)."""
     specs = list(specs)
@@ -48,6 +50,7 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
             max_model_len=spec.max_model_len,
             allow_request_chat_template=allow_request_chat_template,
             limits=limits,
+            structured_outputs=structured_outputs,
         )
         for spec in specs
     ])

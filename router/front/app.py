@@ -209,7 +209,9 @@ def create_app(cfg: RouterConfig,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
-        registry = await asyncio.to_thread(lambda: load_models([spec], limits=cfg.limits.request))
+        registry = await asyncio.to_thread(
+            lambda: load_models([spec], limits=cfg.limits.request,
+                                structured_outputs=cfg.structured_outputs))
         models = Models(registry, int(time.time()), load_parsers(registry, [spec]))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
