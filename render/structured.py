@@ -39,6 +39,7 @@ from render.structured_rules import (
     ebnf_empty_alternative,
     grammar_is_likely_lark,
     guidance_json_gaps,
+    ref_loop,
     xgrammar_json_gaps,
     xgrammar_json_refusal,
     xgrammar_regex_gap,
@@ -425,6 +426,9 @@ def _check_contents(so: StructuredOutputsParams) -> None:
         raise BadRequestError("structured_outputs.json cannot be an empty string")
     _check_nesting(so.json)
     _check_nesting(so.structural_tag, structural_tag=True)
+    if so.json and not isinstance(so.json, str) and ref_loop(so.json):
+        raise BadRequestError("The JSON schema's $ref chain refers only to itself, so no value "
+                              "matches it.")
     if so.json_object is False:
         raise BadRequestError("structured_outputs.json_object must be True if set; omit "
                               "structured_outputs to disable structured outputs")

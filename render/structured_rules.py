@@ -317,3 +317,30 @@ def xgrammar_json_refusal(schema: Any, regex_ok: Callable[[str], bool]) -> bool:
             return True
         stack.extend(_reached(node, kinds))
     return False
+
+
+def ref_loop(schema: Any) -> bool:
+    """Whether some schema object holds a ``$ref`` whose chain of ``$ref``s comes back to it.
+    xgrammar converts a schema with a ``$ref`` as the ``$ref``'s target alone, so such a chain
+    matches no value: the grammar an engine builds for it admits no token, and vLLM's engine
+    fails the request (llguidance refuses it: circular references with sibling keys)."""
+    stack = [schema] if isinstance(schema, dict) else []
+    seen: set[int] = set()
+    while stack and len(seen) < 10_000:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        chain: set[int] = set()
+        here: Any = node
+        while isinstance(here, dict) and isinstance(here.get("$ref"), str):
+            if id(here) in chain:
+                return True
+            chain.add(id(here))
+            here = _pointer(schema, here["$ref"])
+        for value in node.values():
+            if isinstance(value, dict):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, dict))
+    return False

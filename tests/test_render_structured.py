@@ -172,14 +172,29 @@ def test_any_constraint_resolves_or_is_a_400(schema: Any, regex: str, grammar: s
 
 # -- vLLM as the referee -----------------------------------------------------------------------
 
-# Where render knowingly answers otherwise, by the constraint: vLLM falls back to outlines for
-# these patternProperties schemas and outlines refuses them; render refuses every outlines
-# fallback (docs/operations.md) and so agrees on those. The rest: xgrammar's verdict predicted.
+# Where render knowingly answers otherwise (docs/operations.md), besides the outlines fallbacks
+# and a self-referencing $ref: a regex llguidance cannot read where xgrammar can.
 EXPECTED = {
     "auto": {r'{"regex": "\\Z"}'},
     "xgrammar": {r'{"regex": "\\Z"}'},
     "guidance": set(),
 }
+
+
+def _outlines_fallback(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """A schema vLLM's "auto" hands to outlines, which render refuses (docs/operations.md)."""
+    so = theirs.get("structured_outputs") or {}
+    return ours.get("error", "").startswith("The provided JSON schema uses patternProperties") and (
+        so.get("_backend") == "outlines" or "into a regex" in theirs.get("error", ""))
+
+
+def _loop(key: str) -> bool:
+    """A schema whose $ref chain comes back to itself: vLLM takes it and its engine fails the
+    request (render refuses it)."""
+    from render.structured_rules import ref_loop
+
+    schema = json.loads(key).get("json")
+    return isinstance(schema, dict) and ref_loop(schema)
 
 
 def _referee(model: str, backend: str, bodies: list[dict[str, Any]],
@@ -216,15 +231,14 @@ def test_resolution_matches_vllm(backend: str) -> None:
             differ.append((key, ours, their))
         elif "error" in ours and ours["error"] != their["error"].split(" (parameter=")[0]:
             messages_differ.append((ours["error"], their["error"]))
-    unexpected = [d for d in differ if d[0] not in EXPECTED[backend]]
+    unexpected = [d for d in differ if d[0] not in EXPECTED[backend]
+                  and not _outlines_fallback(*d[1:]) and not _loop(d[0])]
     odd = [d for d in unexpected if d[0].startswith('{"json"')]
     # Seeded odd schemas: xgrammar's verdict is predicted, not computed (render/structured.py);
     # a few of 200 may still differ, each one a 400 where vLLM's xgrammar would take it.
     assert len(unexpected) - len(odd) == 0, unexpected
     assert len(odd) <= 4, odd
     assert all("error" in ours and "error" not in theirs for _, ours, theirs in odd), odd
-    agreed = len(extras) - len(differ)
-    assert agreed >= len(extras) - 6, f"{agreed}/{len(extras)} agree"
     # Refusals carry vLLM's message where render computes what vLLM computes (llguidance's
     # verdicts, the request checks); the xgrammar-only ones name the same failure in other words.
     exact = [m for m in messages_differ if not m[1].startswith(("Failed to transform",
@@ -235,7 +249,8 @@ def test_resolution_matches_vllm(backend: str) -> None:
 FAMILIES = [("qwen3", "auto"), ("llama3_1", "auto"), ("gemma3", "auto"),
             ("deepseek_v3_1", "auto"), ("mistral_nemo", "mistral")]
 BAD_WORDS = [["hello", " world", "Hello there", "  spaced out", "ünïcödé", "日本語", "x"],
-             ["<|im_end|>", "the", " The", "123", "don't", "\n"]]
+             ["<|im_end|>", "the", " The", "123", "don't", "\tTab", "a\nb"],
+             ["fine", "\n"]]
 
 
 @pytest.mark.vllm
@@ -251,4 +266,7 @@ def test_bad_words_ids_match_vllm(family: str, mode: str) -> None:
     renderer = _renderer(model, "auto")
     for extra, their in zip(extras, theirs, strict=True):
         ours = _ours(renderer, extra)
-        assert ours["bad_words_token_ids"] == their["bad_words_token_ids"], family
+        if "error" in their:
+            assert their["error"].startswith(ours["error"]), (family, ours, their)
+        else:
+            assert ours["bad_words_token_ids"] == their["bad_words_token_ids"], family

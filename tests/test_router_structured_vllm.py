@@ -129,14 +129,29 @@ def _routed_prompt_tokens(http: httpx.Client) -> float:
 def test_bad_words_reach_the_engine(http: httpx.Client, cluster: LocalCluster) -> None:
     renderer = cluster.state.models.registry.get(None)
     body = {"max_tokens": 8, "ignore_eos": True, "return_token_ids": True}
-    free = _chat(http, cluster, "Tell me a story", **body).json()["choices"][0]
-    first = free["token_ids"][0]
-    word = renderer.decode([first])
-    banned = _chat(http, cluster, "Tell me a story", bad_words=[word], **body).json()
+    for prompt in ("Tell me a story", "Hello there", "Count to three", "Why", "Name a colour"):
+        free = _chat(http, cluster, prompt, **body).json()["choices"][0]["token_ids"]
+        # A sampled token that is a whole bad word by vLLM's rule (as written, or spaced).
+        word = next((w for w in (renderer.decode([t]) for t in free)
+                     if [renderer.encode(w, False)[0]] in _banned(renderer, w)
+                     and len(renderer.encode(w, False)) == 1), None)
+        if word is not None:
+            break
+    else:
+        pytest.fail("no sampled token is a one-token word")
+    token = renderer.encode(word, False)[0]
+    assert token in free
+    banned = _chat(http, cluster, prompt, bad_words=[word], **body).json()
     ids = banned["choices"][0]["token_ids"]
-    # The engine banned the word's token: greedy decoding took another one.
-    assert first not in ids, (word, ids)
-    assert ids != free["token_ids"]
+    # The engine banned the word's token: greedy decoding took another one, every time.
+    assert token not in ids, (word, ids)
+    assert ids != free
+
+
+def _banned(renderer: Any, word: str) -> list[list[int]]:
+    from render.bad_words import bad_words_token_ids
+
+    return bad_words_token_ids([word], lambda text: renderer.encode(text, False)) or []
 
 
 def test_no_structured_request_fails_the_engine(http: httpx.Client,
