@@ -129,8 +129,143 @@ def hermes_cases() -> list[Case]:
     return cases
 
 
-def qwen3_reasoning_cases() -> list[Case]:
+def _xml_call(name: str, params: dict[str, str]) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def qwen3_coder_cases() -> list[Case]:
+    w = _xml_call("get_weather", {"city": "Paris", "days": "3"})
+    t = _xml_call("get_time", {})
+    z = _xml_call("lookup", {"zip": "03106", "limit": "null", "exact": "true",
+                             "tags": '["a", "b"]', "meta": '{"k": 1}'})
     outputs: dict[str, str] = {
+        "text_only": "The weather is fine.",
+        "empty": "",
+        "blank": "\n\n",
+        "one_call": w,
+        "text_then_call": f"Let me check.\n\n{w}",
+        "blank_then_call": f"\n\n{w}",
+        "two_calls": f"{w}\n{t}",
+        "empty_args_then_call": f"{t}\n{w}",
+        "typed_params": z,
+        "union_null_int": _xml_call("lookup", {"limit": "7"}),
+        "number_as_string": _xml_call("lookup", {"zip": "00501"}),
+        "bad_integer": _xml_call("get_weather", {"days": "three"}),
+        "non_ascii": _xml_call("get_weather", {"city": "Zürich — 東京 🌧"}),
+        "escapes": _xml_call("get_weather", {"city": 'a "quoted" \\ back\tslash'}),
+        "multiline_value": _xml_call("get_weather", {"city": "line one\nline two\n"}),
+        "blank_lines_value": _xml_call("get_weather", {"city": "\nA\n"}),
+        "unknown_function": _xml_call("launch", {"count": "3"}),
+        "unknown_param": _xml_call("get_weather", {"extra": "42"}),
+        "text_after_call": f"{w}\nDone.",
+        "no_tool_call_tag": "<function=get_time>\n</function>",
+        "no_param_close": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                          "<parameter=days>\n3\n</function>\n</tool_call>",
+        "no_end_tags": "<tool_call>\n<function=get_time>\n</function>",
+        "lt_in_text": "a < b and <func not a call",
+        "long_value": _xml_call("get_weather", {"city": "long " * 60}),
+        "html_value": _xml_call("get_weather", {"city": "<b>bold</b> & <i>"}),
+        "json_in_string": _xml_call("get_weather", {"city": '{"not": "parsed"}'}),
+        "three_calls": f"{w}\n{t}\n{z}",
+        "spaces_around": f"  Sure thing.  \n{w}\n  ",
+        "empty_tool_call": "<tool_call>\n</tool_call>",
+        "name_no_close": "<tool_call>\n<function=get_time</function>\n</tool_call>",
+    }
+    cases = [Case(f"qwen3_coder/{k}", "qwen3", v, "qwen3_coder", tools=TOOLS,
+                  prompt=QWEN_NO_THINK, chat_template_kwargs={"enable_thinking": False})
+             for k, v in outputs.items()]
+    cases += [
+        Case("qwen3_coder/cut_in_value", "qwen3",
+             "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", "qwen3_coder",
+             tools=TOOLS, prompt=QWEN_NO_THINK, chat_template_kwargs={"enable_thinking": False},
+             finish="length"),
+        Case("qwen3_coder/cut_after_param", "qwen3",
+             "<tool_call>\n<function=get_weather>\n<parameter=days>\n3\n</parameter>\n",
+             "qwen3_coder", tools=TOOLS, prompt=QWEN_NO_THINK,
+             chat_template_kwargs={"enable_thinking": False}, finish="length"),
+        Case("qwen3_coder/single_call", "qwen3", f"{w}\n{t}", "qwen3_coder", tools=TOOLS,
+             parallel_tool_calls=False, prompt=QWEN_NO_THINK,
+             chat_template_kwargs={"enable_thinking": False}),
+        Case("qwen3_coder/tool_choice_none", "qwen3", w, "qwen3_coder", tools=TOOLS,
+             tool_choice="none", prompt=QWEN_NO_THINK,
+             chat_template_kwargs={"enable_thinking": False}),
+        Case("qwen3_coder+qwen3/think_then_call", "qwen3",
+             "<think>\nNeed weather.\n</think>\n\n" + w, "qwen3_coder", "qwen3", tools=TOOLS),
+        Case("qwen3_coder+qwen3/call_inside_think", "qwen3", "<think>\nCalling " + w,
+             "qwen3_coder", "qwen3", tools=TOOLS),
+    ]
+    return cases
+
+
+GLM_PROMPT = "[gMASK]<sop><|user|>\nhi<|assistant|>"
+GLM_NO_THINK = GLM_PROMPT + "\n<think></think>"
+
+
+def _glm_call(name: str, params: dict[str, str]) -> str:
+    body = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"
+                   for k, v in params.items())
+    return f"<tool_call>{name}\n{body}</tool_call>"
+
+
+def glm_cases() -> list[Case]:
+    w = _glm_call("get_weather", {"city": "Paris", "days": "3"})
+    t = _glm_call("get_time", {})
+    outputs: dict[str, str] = {
+        "text_only": "The weather is fine.",
+        "empty": "",
+        "one_call": w,
+        "text_then_call": f"Let me check.\n{w}",
+        "two_calls": f"{w}\n{t}",
+        "empty_args_then_call": f"{t}{w}",
+        "no_newline_after_name": "<tool_call>get_weather<arg_key>city</arg_key>"
+                                 "<arg_value>Rome</arg_value></tool_call>",
+        "typed": _glm_call("lookup", {"zip": "03106", "limit": "null", "exact": "false",
+                                      "tags": '["x"]'}),
+        "union_int": _glm_call("lookup", {"limit": "12"}),
+        "non_ascii": _glm_call("get_weather", {"city": "Zürich — 東京 🌧"}),
+        "escapes": _glm_call("get_weather", {"city": 'say "hi"\\n\nnext'}),
+        "multiline": _glm_call("get_weather", {"city": "\nA\nB\n"}),
+        "unknown_function": _glm_call("launch", {"count": "3"}),
+        "unknown_then_known": _glm_call("launch", {}) + w,
+        "spaced_name": "<tool_call>  get_time  </tool_call>",
+        "spaced_key": "<tool_call>get_weather<arg_key> city </arg_key><arg_value>X</arg_value>"
+                      "</tool_call>",
+        "text_after_call": f"{w}\nDone.",
+        "long_value": _glm_call("get_weather", {"city": "long " * 60}),
+        "lt_text": "a <tool b",
+        "three_calls": w + t + _glm_call("lookup", {"zip": "1"}),
+        "value_with_tags": _glm_call("get_weather", {"city": "<b>x</b>"}),
+    }
+    cases = [Case(f"glm47/{k}", "qwen3", v, "glm47", tools=TOOLS, prompt=GLM_NO_THINK,
+                  chat_template_kwargs={"enable_thinking": False})
+             for k, v in outputs.items()]
+    cases += [
+        Case("glm47/cut_in_value", "qwen3", "<tool_call>get_weather\n<arg_key>city</arg_key>"
+             "<arg_value>Par", "glm47", tools=TOOLS, prompt=GLM_NO_THINK,
+             chat_template_kwargs={"enable_thinking": False}, finish="length"),
+        Case("glm47/cut_in_name", "qwen3", "<tool_call>get_wea", "glm47", tools=TOOLS,
+             prompt=GLM_NO_THINK, chat_template_kwargs={"enable_thinking": False},
+             finish="length"),
+        Case("glm47+glm45/think_then_call", "qwen3", "<think>Need weather.</think>" + w,
+             "glm47", "glm45", tools=TOOLS, prompt=GLM_PROMPT),
+        Case("glm47+glm45/call_inside_think", "qwen3", "<think>Calling " + w, "glm47",
+             "glm45", tools=TOOLS, prompt=GLM_PROMPT),
+        Case("glm47+glm45/think_twice", "qwen3", "<think>a</think>b<think>c</think>d", "glm47",
+             "glm45", tools=TOOLS, prompt=GLM_PROMPT),
+        Case("glm47+glm45/no_start", "qwen3", "plan</think>answer", "glm47", "glm45",
+             tools=TOOLS, prompt=GLM_PROMPT),
+        Case("glm47+glm45/thinking_off", "qwen3", "answer</think>x", "glm47", "glm45",
+             tools=TOOLS, prompt=GLM_NO_THINK, chat_template_kwargs={"enable_thinking": False}),
+        Case("glm47+glm45/hidden", "qwen3", "<think>a</think>" + w, "glm47", "glm45",
+             tools=TOOLS, prompt=GLM_PROMPT, include_reasoning=False),
+        Case("glm47+glm45/cut_in_think", "qwen3", "<think>abc", "glm47", "glm45",
+             tools=TOOLS, prompt=GLM_PROMPT, finish="length"),
+    ]
+    return cases
+
+
+THINK_OUTPUTS: dict[str, str] = {
         "tags": "<think>\nLet me think.\n</think>\n\nThe answer is 4.",
         "no_start_tag": "Let me think.\n</think>\n\nFour.",
         "no_end_tag": "<think>\nStill thinking",
@@ -151,7 +286,41 @@ def qwen3_reasoning_cases() -> list[Case]:
         "code": "<think>```py\nprint('</think>')\n```</think>answer",
         "html_like": "<think><b>bold</b></think><i>it</i>",
         "spaces": "<think>   </think>   ",
+        "trailing_space": "<think>a  \n</think>b",
     }
+
+
+def think_cases(name: str, family: str, prompt: str, closed: str,
+                kwargs_off: dict[str, Any] | None = None,
+                start: str = "<think>", end: str = "</think>") -> list[Case]:
+    """A think-tag reasoning parser's corpus: the outputs above in the family's markers."""
+    def spell(text: str) -> str:
+        return text.replace("<think>", start).replace("</think>", end)
+
+    off = kwargs_off if kwargs_off is not None else {"enable_thinking": False}
+    outputs = {k: spell(v) for k, v in THINK_OUTPUTS.items()}
+    cases = [Case(f"{name}/{k}", family, v, None, name, prompt=prompt)
+             for k, v in outputs.items()]
+    cases += [Case(f"{name}/thinking_off/{k}", family, outputs[k], None, name, prompt=closed,
+                   chat_template_kwargs=off)
+              for k in ("tags", "no_tags", "no_start_tag", "empty")]
+    cases += [
+        Case(f"{name}/prompt_opened", family, spell("still thinking</think>out"), None, name,
+             prompt=prompt + start + "\n"),
+        Case(f"{name}/cut", family, spell("<think>\nabc"), None, name, prompt=prompt,
+             finish="length"),
+        Case(f"{name}/cut_after", family, spell("<think>a</think>partial answ"), None, name,
+             prompt=prompt, finish="length"),
+        Case(f"{name}/hidden", family, outputs["tags"], None, name, prompt=prompt,
+             include_reasoning=False),
+        Case(f"{name}/hidden_no_content", family, spell("<think>abc</think>"), None, name,
+             prompt=prompt, include_reasoning=False),
+    ]
+    return cases
+
+
+def qwen3_reasoning_cases() -> list[Case]:
+    outputs = THINK_OUTPUTS
     cases = [Case(f"qwen3/{k}", "qwen3", v, None, "qwen3") for k, v in outputs.items()]
     cases += [Case(f"qwen3/thinking_off/{k}", "qwen3", outputs[k], None, "qwen3",
                    prompt=QWEN_NO_THINK, chat_template_kwargs={"enable_thinking": False})
@@ -173,7 +342,8 @@ def qwen3_reasoning_cases() -> list[Case]:
 
 
 def all_cases() -> list[Case]:
-    return [*hermes_cases(), *qwen3_reasoning_cases()]
+    return [*hermes_cases(), *qwen3_reasoning_cases(), *qwen3_coder_cases(), *glm_cases(),
+            *think_cases("glm45", "qwen3", GLM_PROMPT, GLM_NO_THINK)]
 
 
 def by_parser(cases: list[Case]) -> dict[str, int]:
@@ -191,6 +361,10 @@ CHUNKINGS: list[list[int]] = [[1], [3, 2, 8, 5, 4, 7, 2, 6]]
 # stream can keep (docs/parsers.md explains each).
 _ID = "chatcmpl-tool-0000000000000000"
 EXPECTED: dict[str, dict[str, Any]] = {
+    # Leading whitespace streams before anyone knows a call follows; trailing is held.
+    "qwen3_coder/spaces_around": {"content": "  Sure thing.", "finish_reason": "tool_calls",
+                                  "tool_calls": [{"id": _ID, "name": "get_weather",
+                                                  "arguments": '{"city": "Paris", "days": 3}'}]},
     # The call's JSON is complete; text after it inside the tags is dropped.
     "hermes/extra_after_json": {"content": None, "finish_reason": "tool_calls", "tool_calls": [
         {"id": _ID, "name": "get_time", "arguments": "{}"}]},

@@ -68,3 +68,38 @@ class LeadingSpace:
     def drop(self) -> None:
         """A call follows: whitespace-only content is no content."""
         self.held = ""
+
+
+class TrailingSpace:
+    """Content for vLLM's engine-based parsers, which strip it when the turn makes tool calls:
+    trailing whitespace is held until more text follows (kept), a call starts (dropped) or the
+    output ends (kept); text after the first call is no content. Leading whitespace before text
+    cannot wait for a call that may never come: it streams (docs/parsers.md)."""
+
+    __slots__ = ("out", "held", "called")
+
+    def __init__(self, out: Out) -> None:
+        self.out = out
+        self.held = ""
+        self.called = False
+
+    def text(self, s: str) -> None:
+        if self.called or not s:
+            return
+        body = s.rstrip()
+        if body:
+            self.out.text(self.held + body)
+            self.held = s[len(body):]
+        else:
+            self.held += s
+
+    def release(self) -> None:
+        """The output ended: held whitespace without a call is content."""
+        if not self.called:
+            self.out.text(self.held)
+        self.held = ""
+
+    def drop(self) -> None:
+        """A call starts: from here on the text is not content."""
+        self.called = True
+        self.held = ""

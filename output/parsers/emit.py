@@ -32,9 +32,13 @@ def kimi_call_id(name: str, index: int) -> str:
 class Out:
     """One choice's parsed output of the current step."""
 
-    __slots__ = ("_content", "_reasoning", "_calls", "ncalls", "first_call", "_make_id")
+    __slots__ = ("_content", "_reasoning", "_calls", "ncalls", "first_call", "_make_id", "mute")
 
-    def __init__(self, make_id: object = random_call_id, first_call: int = 0) -> None:
+    def __init__(self, make_id: object = random_call_id, first_call: int = 0,
+                 mute_calls: bool = False) -> None:
+        # Calls recognised but not made (tool_choice "none" with vLLM's engine parsers, which
+        # still take their markup out of the content).
+        self.mute = mute_calls
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, DeltaToolCall] = {}
@@ -54,6 +58,8 @@ class Out:
         """Start the next tool call; returns its index."""
         index = self.ncalls
         self.ncalls += 1
+        if self.mute:
+            return index
         make_id = self._make_id
         assert callable(make_id)
         self._calls[index] = DeltaToolCall(index, make_id(name, self.first_call + index),
@@ -61,7 +67,7 @@ class Out:
         return index
 
     def args(self, index: int, s: str) -> None:
-        if not s:
+        if not s or self.mute:
             return
         delta = self._calls.get(index)
         if delta is None:

@@ -31,6 +31,8 @@ class ThinkFormat:
     # A prompt that closed the think block (enable_thinking=false) turns the parser off: the
     # output is plain content, markers and all (Qwen3's parser reads nothing then).
     off_when_closed: bool = False
+    reenter: bool = False  # a start marker in the content opens reasoning again (GLM)
+    rstrip: bool = False  # whitespace ending the reasoning is dropped (vLLM's engine parsers)
 
     def starts_reasoning(self, prompt_tail: str) -> bool:
         """Whether generation starts inside reasoning, from the prompt's last text."""
@@ -49,7 +51,8 @@ class ThinkFormat:
 class Thinking:
     """The reasoning stage: reasoning to ``out``, the rest to the next stage."""
 
-    __slots__ = ("fmt", "out", "next", "reasoning", "buf", "_in_reasoning", "_in_content")
+    __slots__ = ("fmt", "out", "next", "reasoning", "buf", "space", "_in_reasoning",
+                 "_in_content")
 
     def __init__(self, fmt: ThinkFormat, out: Out, nxt: Stage, reasoning: bool) -> None:
         self.fmt = fmt
@@ -57,10 +60,13 @@ class Thinking:
         self.next = nxt
         self.reasoning = reasoning
         self.buf = ""
+        self.space = ""  # trailing reasoning whitespace held back (rstrip)
         self._in_reasoning = Cutter(fmt.markers)
         # Stray end markers are dropped after the output's own reasoning ended, not when the
         # prompt had already ended it.
-        self._in_content = Cutter((fmt.end,)) if fmt.drop_stray_end and reasoning else None
+        watch = (((fmt.end,) if fmt.drop_stray_end and reasoning else ())
+                 + ((fmt.start,) if fmt.reenter else ()))
+        self._in_content = Cutter(watch) if watch else None
 
     def feed(self, text: str) -> None:
         if not self.reasoning and self._in_content is None:
@@ -73,7 +79,7 @@ class Thinking:
         while buf:
             if self.reasoning:
                 n, marker = self._in_reasoning.cut(buf)
-                self.out.think(buf[:n])
+                self._think(buf[:n])
                 buf = buf[n:]
                 if marker is None:
                     break
@@ -81,6 +87,7 @@ class Thinking:
                     buf = buf[len(marker):]
                     continue
                 self.reasoning = False
+                self.space = ""
                 if marker == fmt.end:
                     buf = buf[len(marker):]
             elif self._in_content is None:
@@ -93,12 +100,24 @@ class Thinking:
                 if marker is None:
                     break
                 buf = buf[len(marker):]
+                self.reasoning = marker == fmt.start
         self.buf = buf
+
+    def _think(self, text: str) -> None:
+        if not self.fmt.rstrip:
+            self.out.think(text)
+            return
+        body = text.rstrip()
+        if body:
+            self.out.think(self.space + body)
+            self.space = text[len(body):]
+        else:
+            self.space += text
 
     def finish(self) -> None:
         buf, self.buf = self.buf, ""
         if self.reasoning:
-            self.out.think(buf)
+            self._think(buf)
         elif buf:
             self.next.feed(buf)
         self.next.finish()
@@ -107,3 +126,6 @@ class Thinking:
 QWEN3 = ThinkFormat("qwen3", implicit_ends=("<tool_call>",), drop_stray_end=True,
                     boundaries=("<|im_start|>", "<|im_end|>"), off_when_closed=True)
 DEEPSEEK_R1 = ThinkFormat("deepseek_r1")
+GLM45 = ThinkFormat("glm45", implicit_ends=("<tool_call>",), drop_stray_end=True,
+                    boundaries=("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
+                    off_when_closed=True, reenter=True, rstrip=True)

@@ -22,7 +22,8 @@ from output.parsers.chat import ChatParser
 from output.parsers.emit import Out, random_call_id
 from output.parsers.forced import Named, Required
 from output.parsers.hermes import hermes
-from output.parsers.reasoning import DEEPSEEK_R1, QWEN3, ThinkFormat, Thinking
+from output.parsers.reasoning import DEEPSEEK_R1, GLM45, QWEN3, ThinkFormat, Thinking
+from output.parsers.xml_calls import glm, qwen3_xml
 
 # How much of the prompt's end decides where reasoning starts (its last turn's markers).
 PROMPT_TAIL_TOKENS = 64
@@ -37,6 +38,9 @@ class ToolFamily:
     markers: tuple[str, ...]  # texts the parser must see, special tokens or not
     forced_json: bool = True  # vLLM's supports_required_and_named
     call_id: Callable[[str, int], str] = random_call_id
+    # vLLM's engine-based parsers: empty content is None, and with no tools or tool_choice
+    # "none" the calls' markup is still taken out of the content (the calls are not made).
+    engine: bool = False
 
 
 def _hermes(out: Out, tools: Tools) -> Stage:
@@ -44,14 +48,24 @@ def _hermes(out: Out, tools: Tools) -> Stage:
 
 
 _HERMES = ToolFamily("hermes", _hermes, ("<tool_call>", "</tool_call>"))
+_QWEN3_XML = ToolFamily("qwen3_coder", qwen3_xml, ("<tool_call>", "</tool_call>"), engine=True)
+# vLLM reads GLM's forced calls with its own parser (supports_required_and_named = False).
+_GLM = ToolFamily("glm47", glm, ("<tool_call>", "</tool_call>"), forced_json=False,
+                  engine=True)
 
 TOOL_PARSERS: dict[str, ToolFamily] = {
     "hermes": _HERMES,
     "qwen3_json": _HERMES,
+    "qwen3_coder": _QWEN3_XML,
+    "qwen3_xml": _QWEN3_XML,
+    "glm45": _GLM,
+    "glm47": _GLM,
 }
 REASONING_PARSERS: dict[str, ThinkFormat] = {
     "qwen3": QWEN3,
     "deepseek_r1": DEEPSEEK_R1,
+    "glm45": GLM45,
+    "glm47": GLM45,
 }
 
 
@@ -70,7 +84,11 @@ def check_names(tool_parser: str | None, reasoning_parser: str | None) -> None:
 
 def auto_tool_parser(model_type: str, template: str) -> str | None:
     """The tool-call parser a model's chat template implies, if it implies one."""
-    if "<tool_call>" in template and "<function=" not in template:
+    if "<arg_key>" in template:
+        return "glm47"
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
+    if "<tool_call>" in template:
         return "hermes"
     return None
 
@@ -80,6 +98,8 @@ def auto_reasoning_parser(model_type: str, template: str) -> str | None:
         return "qwen3"
     if "<think>" in template and model_type.startswith("deepseek"):
         return "deepseek_r1"
+    if "<think>" in template and model_type.startswith("glm"):
+        return "glm45"
     return None
 
 
@@ -179,7 +199,8 @@ class RequestParsers:
         reasoning parser (or a call), "" otherwise; a forced call's message has ""."""
         if self.forced:
             return ""
-        return None if self.reasoning is not None else ""
+        family = self.model.tool
+        return None if self.reasoning is not None or (family and family.engine) else ""
 
     @property
     def named(self) -> bool:
@@ -193,7 +214,9 @@ class RequestParsers:
     def __call__(self, index: int) -> ChatParser:
         opts = self.opts
         family = self.model.tool
-        out = Out(family.call_id if family else random_call_id, opts.history_calls)
+        mute = family is not None and family.engine and (not opts.tools
+                                                          or opts.tool_choice == "none")
+        out = Out(family.call_id if family else random_call_id, opts.history_calls, mute)
         tail: Stage = self._tool_stage(out)
         if self.reasoning is not None:
             fmt, starts = self.reasoning
@@ -206,8 +229,10 @@ class RequestParsers:
         opts = self.opts
         family = self.model.tool
         choice = opts.tool_choice
-        if family is None or not opts.tools or choice == "none":
+        if family is None:
             return Plain(out)
+        if not opts.tools or choice == "none":
+            return family.build(out, opts.tools or ()) if family.engine else Plain(out)
         if family.forced_json and isinstance(choice, dict):
             return Named(out, choice["function"]["name"])
         if family.forced_json and choice == "required":
