@@ -120,7 +120,8 @@ class Collector:
                 if a.any_text:
                     content: str | None = "".join(a.text)
                 elif parsers is not None:  # as vLLM's parsers answer an empty content
-                    content = None if tools and not parsers.forced else parsers.empty_content
+                    content = (None if tools and not parsers.forced
+                               else self.pipeline.empty_content(i))
                 else:
                     content = None if tools else ""
                 reasoning = None if a.reasoning is None else "".join(a.reasoning)

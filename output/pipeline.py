@@ -49,24 +49,23 @@ CHAT, COMPLETION, GENERATE = "chat", "completion", "generate"
 class OutputParser(Protocol):
     """A chat output parser for one choice (vLLM's reasoning / tool-call parsers' role)."""
 
+    @property
+    def empty_content(self) -> str | None: ...
+
     def parse(self, text: str, token_ids: Sequence[int], finished: bool
               ) -> ParsedDelta | None: ...
 
 
 class ParserFactory(Protocol):
     """Builds choice ``index``'s parser; says which special tokens its markers need kept in the
-    text, whether a tool_choice forces the call (finish_reason "stop" for a named function), the
-    message content when no text was content, and whether reasoning is hidden (no logprobs or
-    token ids either)."""
+    text, whether a tool_choice forces the call (finish_reason "stop" for a named function) and
+    whether reasoning is hidden (no logprobs or token ids either)."""
 
     @property
     def keep_special(self) -> frozenset[int]: ...
 
     @property
     def forced(self) -> bool: ...
-
-    @property
-    def empty_content(self) -> str | None: ...
 
     @property
     def named(self) -> bool: ...
@@ -166,6 +165,12 @@ class Pipeline:
     @property
     def done(self) -> bool:
         return all(c.finished for c in self._choices)
+
+    def empty_content(self, index: int) -> str | None:
+        """Choice ``index``'s message content when no text was content: "" as vLLM answers
+        without parsers, else what its parsers say."""
+        parser = self._choices[index].parser
+        return "" if parser is None else parser.empty_content
 
     @property
     def completion_tokens(self) -> int:

@@ -291,30 +291,32 @@ THINK_OUTPUTS: dict[str, str] = {
 
 
 def think_cases(name: str, family: str, prompt: str, closed: str,
-                kwargs_off: dict[str, Any] | None = None,
+                kwargs_off: dict[str, Any] | None = None, kwargs_on: dict[str, Any] | None = None,
                 start: str = "<think>", end: str = "</think>") -> list[Case]:
     """A think-tag reasoning parser's corpus: the outputs above in the family's markers."""
     def spell(text: str) -> str:
         return text.replace("<think>", start).replace("</think>", end)
 
     off = kwargs_off if kwargs_off is not None else {"enable_thinking": False}
+    on = kwargs_on or {}
     outputs = {k: spell(v) for k, v in THINK_OUTPUTS.items()}
-    cases = [Case(f"{name}/{k}", family, v, None, name, prompt=prompt)
+    tag = f"{name}/think"
+    cases = [Case(f"{tag}/{k}", family, v, None, name, prompt=prompt, chat_template_kwargs=on)
              for k, v in outputs.items()]
-    cases += [Case(f"{name}/thinking_off/{k}", family, outputs[k], None, name, prompt=closed,
+    cases += [Case(f"{tag}/thinking_off/{k}", family, outputs[k], None, name, prompt=closed,
                    chat_template_kwargs=off)
               for k in ("tags", "no_tags", "no_start_tag", "empty")]
     cases += [
-        Case(f"{name}/prompt_opened", family, spell("still thinking</think>out"), None, name,
-             prompt=prompt + start + "\n"),
-        Case(f"{name}/cut", family, spell("<think>\nabc"), None, name, prompt=prompt,
-             finish="length"),
-        Case(f"{name}/cut_after", family, spell("<think>a</think>partial answ"), None, name,
-             prompt=prompt, finish="length"),
-        Case(f"{name}/hidden", family, outputs["tags"], None, name, prompt=prompt,
-             include_reasoning=False),
-        Case(f"{name}/hidden_no_content", family, spell("<think>abc</think>"), None, name,
-             prompt=prompt, include_reasoning=False),
+        Case(f"{tag}/prompt_opened", family, spell("still thinking</think>out"), None, name,
+             prompt=prompt + start + "\n", chat_template_kwargs=on),
+        Case(f"{tag}/cut", family, spell("<think>\nabc"), None, name, prompt=prompt,
+             finish="length", chat_template_kwargs=on),
+        Case(f"{tag}/cut_after", family, spell("<think>a</think>partial answ"), None, name,
+             prompt=prompt, finish="length", chat_template_kwargs=on),
+        Case(f"{tag}/hidden", family, outputs["tags"], None, name, prompt=prompt,
+             include_reasoning=False, chat_template_kwargs=on),
+        Case(f"{tag}/hidden_no_content", family, spell("<think>abc</think>"), None, name,
+             prompt=prompt, include_reasoning=False, chat_template_kwargs=on),
     ]
     return cases
 
@@ -341,9 +343,127 @@ def qwen3_reasoning_cases() -> list[Case]:
     return cases
 
 
+DS_PROMPT = "<｜User｜>hi<｜Assistant｜>"
+DS_NO_THINK = DS_PROMPT + "</think>"
+
+
+def _ds3_call(name: str, args: str) -> str:
+    return ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n" + args
+            + "\n```<｜tool▁call▁end｜>")
+
+
+def _ds31_call(name: str, args: str) -> str:
+    return f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜>"
+
+
+def _marked_outputs(call: Any, begin: str, end: str) -> dict[str, str]:
+    def section(*calls: str) -> str:
+        return begin + "".join(calls) + end
+
+    w = call("get_weather", '{"city": "Paris"}')
+    t = call("get_time", "{}")
+    return {
+        "text_only": "The weather is fine.",
+        "empty": "",
+        "one_call": section(w),
+        "text_then_call": "Let me check." + section(w),
+        "blank_then_call": "\n\n" + section(w),
+        "two_calls": section(w, t),
+        "two_calls_newline": section(w, "\n", t),
+        "empty_args_then_call": section(t, w),
+        "non_ascii": section(call("get_weather", '{"city": "Zürich — 東京 🌧"}')),
+        "escapes": section(call("get_weather", '{"city": "a\\"b\\\\c\\u00e9"}')),
+        "compact": section(call("get_weather", '{"city":"Rome","days":2}')),
+        "nested": section(call("lookup", '{"meta": {"a": [1, {"b": null}]}}')),
+        "unknown_function": section(call("launch", '{"n": 3}')),
+        "text_after": section(w) + "Done.",
+        "no_section_end": begin + w,
+        "malformed_args": section(call("get_weather", "{city: Paris}")),
+        "multiline_args": section(call("get_weather", '{\n  "city": "Paris"\n}')),
+        "long": section(call("get_weather", '{"city": "' + "x" * 300 + '"}')),
+        "lt_text": "a <｜tool not a call",
+        "begin_only": "Checking." + begin,
+        "three_calls": section(w, t, call("lookup", '{"zip": "03106"}')),
+        "string_args": section(call("get_time", '"UTC"')),
+    }
+
+
+def deepseek_cases(name: str, call: Any) -> list[Case]:
+    begin, end = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+    outputs = _marked_outputs(call, begin, end)
+    fam = "deepseek_v3_1"
+    cases = [Case(f"{name}/{k}", fam, v, name, tools=TOOLS, prompt=DS_NO_THINK)
+             for k, v in outputs.items()]
+    w = call("get_weather", '{"city": "Paris"}')
+    cases += [
+        Case(f"{name}/cut_in_args", fam,
+             begin + call("get_weather", '{"city": "Pa').split("<｜tool▁call▁end｜>")[0].rstrip(
+                 "`\n"), name, tools=TOOLS, prompt=DS_NO_THINK, finish="length"),
+        Case(f"{name}/cut_in_name", fam, f"{begin}<｜tool▁call▁begin｜>get_wea", name,
+             tools=TOOLS, prompt=DS_NO_THINK, finish="length"),
+        Case(f"{name}/single_call", fam, outputs["two_calls"], name, tools=TOOLS,
+             parallel_tool_calls=False, prompt=DS_NO_THINK),
+        Case(f"{name}/tool_choice_none", fam, outputs["one_call"], name, tools=TOOLS,
+             tool_choice="none", prompt=DS_NO_THINK),
+        Case(f"{name}/named", fam, '{"city": "Lyon"}', name, tools=TOOLS,
+             tool_choice={"type": "function", "function": {"name": "get_weather"}},
+             prompt=DS_NO_THINK),
+        Case(f"{name}/required", fam, '[{"name": "get_time", "parameters": {}}]', name,
+             tools=TOOLS, tool_choice="required", prompt=DS_NO_THINK),
+        Case(f"{name}/text_between", fam, f"{begin}{w}between{w}{end}", name, tools=TOOLS,
+             prompt=DS_NO_THINK),
+        Case(f"{name}/hidden_reasoning", fam, f"{begin}{w}{end}", name, tools=TOOLS,
+             prompt=DS_NO_THINK, include_reasoning=False),
+    ]
+    return cases
+
+
+def kimi_cases() -> list[Case]:
+    begin, end = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+    counter = iter(range(100))
+
+    def call(name: str, args: str) -> str:
+        return (f"<|tool_call_begin|>functions.{name}:{next(counter)}"
+                f"<|tool_call_argument_begin|>{args}<|tool_call_end|>")
+
+    outputs = _marked_outputs(call, begin, end)
+    outputs.update({
+        "spaced_args": f"{begin}<|tool_call_begin|>functions.get_time:0"
+                       f"<|tool_call_argument_begin|>  {{}}  <|tool_call_end|>{end}",
+        "empty_args": f"{begin}<|tool_call_begin|>functions.get_time:0"
+                      f"<|tool_call_argument_begin|><|tool_call_end|>{end}",
+        "bad_header": f"{begin}<|tool_call_begin|>get_time<|tool_call_argument_begin|>{{}}"
+                      f"<|tool_call_end|>{end}",
+        "section_end_in_args": f"{begin}<|tool_call_begin|>functions.get_time:0"
+                               f"<|tool_call_argument_begin|>{{}}{end}",
+    })
+    cases = [Case(f"kimi_k2/{k}", "qwen3", v, "kimi_k2", tools=TOOLS, prompt=QWEN_NO_THINK,
+                  chat_template_kwargs={"thinking": False})
+             for k, v in outputs.items()]
+    w = call("get_weather", '{"city": "Paris"}')
+    cases += [
+        Case("kimi_k2/cut_in_args", "qwen3", f'{begin}<|tool_call_begin|>functions.get_time:0'
+             f'<|tool_call_argument_begin|>{{"zone": "CE', "kimi_k2", tools=TOOLS,
+             prompt=QWEN_NO_THINK, chat_template_kwargs={"thinking": False}, finish="length"),
+        Case("kimi_k2+kimi_k2/think_then_call", "qwen3", f"<think>plan</think>{begin}{w}{end}",
+             "kimi_k2", "kimi_k2", tools=TOOLS),
+        Case("kimi_k2+kimi_k2/call_inside_think", "qwen3", f"<think>plan {begin}{w}{end}",
+             "kimi_k2", "kimi_k2", tools=TOOLS),
+        Case("kimi_k2/tool_choice_none", "qwen3", outputs["one_call"], "kimi_k2", tools=TOOLS,
+             tool_choice="none", prompt=QWEN_NO_THINK, chat_template_kwargs={"thinking": False}),
+    ]
+    return cases
+
+
 def all_cases() -> list[Case]:
     return [*hermes_cases(), *qwen3_reasoning_cases(), *qwen3_coder_cases(), *glm_cases(),
-            *think_cases("glm45", "qwen3", GLM_PROMPT, GLM_NO_THINK)]
+            *think_cases("glm45", "qwen3", GLM_PROMPT, GLM_NO_THINK),
+            *deepseek_cases("deepseek_v3", _ds3_call), *deepseek_cases("deepseek_v31", _ds31_call),
+            *kimi_cases(),
+            *think_cases("kimi_k2", "qwen3", QWEN_PROMPT, QWEN_NO_THINK, {"thinking": False}),
+            *think_cases("deepseek_r1", "qwen3", QWEN_PROMPT + "<think>\n", QWEN_NO_THINK),
+            *think_cases("deepseek_v3", "qwen3", QWEN_PROMPT + "<think>\n", QWEN_NO_THINK, {},
+                         {"thinking": True})]
 
 
 def by_parser(cases: list[Case]) -> dict[str, int]:
@@ -360,7 +480,12 @@ CHUNKINGS: list[list[int]] = [[1], [3, 2, 8, 5, 4, 7, 2, 6]]
 # kvroute's answer where vLLM disagrees with itself and neither of its answers is the one a
 # stream can keep (docs/parsers.md explains each).
 _ID = "chatcmpl-tool-0000000000000000"
+_ML = {"content": None, "finish_reason": "tool_calls", "tool_calls": [
+    {"id": _ID, "name": "get_weather", "arguments": '{\n  "city": "Paris"\n}'}]}
 EXPECTED: dict[str, dict[str, Any]] = {
+    # vLLM's DeepSeek regexes match one line: its answer drops a call whose JSON spans lines.
+    "deepseek_v3/multiline_args": _ML,
+    "deepseek_v31/multiline_args": _ML,
     # Leading whitespace streams before anyone knows a call follows; trailing is held.
     "qwen3_coder/spaces_around": {"content": "  Sure thing.", "finish_reason": "tool_calls",
                                   "tool_calls": [{"id": _ID, "name": "get_weather",

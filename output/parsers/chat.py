@@ -19,16 +19,24 @@ log = logging.getLogger(__name__)
 
 
 class ChatParser:
-    __slots__ = ("out", "head", "include_reasoning", "single_call", "failed", "on_failure")
+    __slots__ = ("out", "head", "include_reasoning", "single_call", "failed", "on_failure",
+                 "_empty")
 
     def __init__(self, out: Out, head: Stage, *, include_reasoning: bool = True,
-                 single_call: bool = False, on_failure: object = None) -> None:
+                 single_call: bool = False, on_failure: object = None,
+                 empty_content: str | None = "") -> None:
         self.out = out
+        self._empty = empty_content
         self.head = head
         self.include_reasoning = include_reasoning
         self.single_call = single_call
         self.failed = False
         self.on_failure = on_failure
+
+    @property
+    def empty_content(self) -> str | None:
+        """The message content when none was written (vLLM's parsers answer None or "")."""
+        return None if self.out.region and self._empty == "" else self._empty
 
     def parse(self, text: str, token_ids: Sequence[int], finished: bool) -> ParsedDelta | None:
         if self.failed:

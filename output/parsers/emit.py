@@ -32,13 +32,16 @@ def kimi_call_id(name: str, index: int) -> str:
 class Out:
     """One choice's parsed output of the current step."""
 
-    __slots__ = ("_content", "_reasoning", "_calls", "ncalls", "first_call", "_make_id", "mute")
+    __slots__ = ("_content", "_reasoning", "_calls", "ncalls", "first_call", "_make_id", "mute",
+                 "region")
 
     def __init__(self, make_id: object = random_call_id, first_call: int = 0,
                  mute_calls: bool = False) -> None:
         # Calls recognised but not made (tool_choice "none" with vLLM's engine parsers, which
         # still take their markup out of the content).
         self.mute = mute_calls
+        # A tool-call region began (vLLM's legacy parsers then answer empty content as None).
+        self.region = False
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, DeltaToolCall] = {}
@@ -54,16 +57,18 @@ class Out:
         if s:
             self._reasoning.append(s)
 
-    def call(self, name: str) -> int:
-        """Start the next tool call; returns its index."""
+    def call(self, name: str, call_id: str | None = None) -> int:
+        """Start the next tool call (``call_id``: the id the model wrote); returns its index."""
         index = self.ncalls
         self.ncalls += 1
         if self.mute:
             return index
         make_id = self._make_id
         assert callable(make_id)
-        self._calls[index] = DeltaToolCall(index, make_id(name, self.first_call + index),
-                                           "function", ToolCallFunction(name, None))
+        if call_id is None:
+            call_id = make_id(name, self.first_call + index)
+        self._calls[index] = DeltaToolCall(index, call_id, "function",
+                                           ToolCallFunction(name, None))
         return index
 
     def args(self, index: int, s: str) -> None:

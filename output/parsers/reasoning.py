@@ -28,8 +28,9 @@ class ThinkFormat:
     drop_stray_end: bool = False  # an end marker in the content is dropped, not content
     # Turn boundaries of the prompt: markers before the last one belong to earlier turns.
     boundaries: tuple[str, ...] = ()
-    # A prompt that closed the think block (enable_thinking=false) turns the parser off: the
-    # output is plain content, markers and all (Qwen3's parser reads nothing then).
+    # A prompt that closed the think block (enable_thinking=false), or left it unopened where
+    # that is the default, turns the parser off: the output is plain content, markers and all
+    # (Qwen3's parser reads nothing then).
     off_when_closed: bool = False
     reenter: bool = False  # a start marker in the content opens reasoning again (GLM)
     rstrip: bool = False  # whitespace ending the reasoning is dropped (vLLM's engine parsers)
@@ -129,3 +130,8 @@ DEEPSEEK_R1 = ThinkFormat("deepseek_r1")
 GLM45 = ThinkFormat("glm45", implicit_ends=("<tool_call>",), drop_stray_end=True,
                     boundaries=("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
                     off_when_closed=True, reenter=True, rstrip=True)
+KIMI_K2 = ThinkFormat("kimi_k2", implicit_ends=("<|tool_calls_section_begin|>",),
+                      drop_stray_end=True, off_when_closed=True, rstrip=True)
+# DeepSeek V3.1: R1's parser when the request turns thinking on, else none (vLLM's
+# deepseek_v3 reasoning parser); the prompt says which.
+DEEPSEEK_V3 = ThinkFormat("deepseek_v3", default_reasoning=False, off_when_closed=True)

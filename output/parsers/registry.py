@@ -19,10 +19,19 @@ from tokenizers import Tokenizer
 
 from output.parsers.base import Plain, Stage
 from output.parsers.chat import ChatParser
-from output.parsers.emit import Out, random_call_id
+from output.parsers.emit import Out, kimi_call_id, random_call_id
 from output.parsers.forced import Named, Required
 from output.parsers.hermes import hermes
-from output.parsers.reasoning import DEEPSEEK_R1, GLM45, QWEN3, ThinkFormat, Thinking
+from output.parsers.marked_calls import deepseek_v3, deepseek_v31, kimi_k2
+from output.parsers.reasoning import (
+    DEEPSEEK_R1,
+    DEEPSEEK_V3,
+    GLM45,
+    KIMI_K2,
+    QWEN3,
+    ThinkFormat,
+    Thinking,
+)
 from output.parsers.xml_calls import glm, qwen3_xml
 
 # How much of the prompt's end decides where reasoning starts (its last turn's markers).
@@ -53,6 +62,14 @@ _QWEN3_XML = ToolFamily("qwen3_coder", qwen3_xml, ("<tool_call>", "</tool_call>"
 _GLM = ToolFamily("glm47", glm, ("<tool_call>", "</tool_call>"), forced_json=False,
                   engine=True)
 
+_DEEPSEEK_V3 = ToolFamily("deepseek_v3", deepseek_v3, (
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>"))
+_DEEPSEEK_V31 = ToolFamily("deepseek_v31", deepseek_v31, _DEEPSEEK_V3.markers)
+_KIMI_K2 = ToolFamily("kimi_k2", kimi_k2, (
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>", "<|tool_call_end|>"), call_id=kimi_call_id, engine=True)
+
 TOOL_PARSERS: dict[str, ToolFamily] = {
     "hermes": _HERMES,
     "qwen3_json": _HERMES,
@@ -60,12 +77,17 @@ TOOL_PARSERS: dict[str, ToolFamily] = {
     "qwen3_xml": _QWEN3_XML,
     "glm45": _GLM,
     "glm47": _GLM,
+    "deepseek_v3": _DEEPSEEK_V3,
+    "deepseek_v31": _DEEPSEEK_V31,
+    "kimi_k2": _KIMI_K2,
 }
 REASONING_PARSERS: dict[str, ThinkFormat] = {
     "qwen3": QWEN3,
     "deepseek_r1": DEEPSEEK_R1,
     "glm45": GLM45,
     "glm47": GLM45,
+    "kimi_k2": KIMI_K2,
+    "deepseek_v3": DEEPSEEK_V3,
 }
 
 
@@ -86,6 +108,10 @@ def auto_tool_parser(model_type: str, template: str) -> str | None:
     """The tool-call parser a model's chat template implies, if it implies one."""
     if "<arg_key>" in template:
         return "glm47"
+    if "<|tool_calls_section_begin|>" in template:
+        return "kimi_k2"
+    if "<｜tool▁calls▁begin｜>" in template:
+        return "deepseek_v3" if "```json" in template else "deepseek_v31"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
     if "<tool_call>" in template:
@@ -100,6 +126,8 @@ def auto_reasoning_parser(model_type: str, template: str) -> str | None:
         return "deepseek_r1"
     if "<think>" in template and model_type.startswith("glm"):
         return "glm45"
+    if "<think>" in template and model_type.startswith("kimi"):
+        return "kimi_k2"
     return None
 
 
@@ -223,7 +251,7 @@ class RequestParsers:
             tail = Thinking(fmt, out, tail, starts)
         return ChatParser(out, tail, include_reasoning=opts.include_reasoning,
                           single_call=opts.parallel_tool_calls is False,
-                          on_failure=self._failed)
+                          on_failure=self._failed, empty_content=self.empty_content)
 
     def _tool_stage(self, out: Out) -> Stage:
         opts = self.opts
