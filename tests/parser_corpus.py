@@ -455,11 +455,63 @@ def kimi_cases() -> list[Case]:
     return cases
 
 
+LLAMA_PROMPT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def llama_cases() -> list[Case]:
+    w = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    t = '{"name": "get_time", "parameters": {}}'
+    outputs: dict[str, str] = {
+        "text_only": "The weather is fine.",
+        "empty": "",
+        "one_call": w,
+        "arguments_key": '{"name": "get_weather", "arguments": {"city": "Rome"}}',
+        "python_tag": "<|python_tag|>" + w,
+        "two_calls": f"{w}; {t}",
+        "two_calls_newline": f"{w}\n{t}",
+        "empty_args_then_call": f"{t}; {w}",
+        "three_calls": f"{w}; {t}; " + '{"name": "lookup", "parameters": {"zip": "03106"}}',
+        "non_ascii": '{"name": "get_weather", "parameters": {"city": "Zürich — 東京 🌧"}}',
+        "escapes": '{"name": "get_weather", "parameters": {"city": "a\\"b\\\\c\\u00e9\\n"}}',
+        "compact": '{"name":"get_weather","parameters":{"city":"Oslo","days":2}}',
+        "nested": '{"name": "lookup", "parameters": {"meta": {"a": [1, 2.5, null, true]}}}',
+        "text_then_json": "Sure: " + w,
+        "braces_in_text": "Use {x} notation.",
+        "not_a_call": '{"answer": 42}',
+        "missing_params": '{"name": "get_time"}',
+        "name_not_string": '{"name": 3, "parameters": {}}',
+        "malformed": '{"name": "get_weather", "parameters": {"city": Paris}}',
+        "missing_brace": '{"name": "get_weather", "parameters": {"city": "Paris"}',
+        "unknown_function": '{"name": "launch", "parameters": {"n": 1}}',
+        "string_params": '{"name": "get_time", "parameters": "UTC"}',
+        "params_first": '{"parameters": {"city": "Lima"}, "name": "get_weather"}',
+        "text_after": w + " That is all.",
+        "long": '{"name": "get_weather", "parameters": {"city": "' + "x" * 300 + '"}}',
+        "leading_space": " " + w,
+        "python_tag_only": "<|python_tag|>",
+        "python_tag_text": "<|python_tag|>print(1)",
+        "second_broken": w + '; {"name": "get_time", "parameters": {oops}}',
+    }
+    cases = [Case(f"llama3_json/{k}", "llama3_1", v, "llama3_json", tools=TOOLS,
+                  prompt=LLAMA_PROMPT) for k, v in outputs.items()]
+    cases += [
+        Case("llama3_json/cut_in_args", "llama3_1", w[:40], "llama3_json", tools=TOOLS,
+             prompt=LLAMA_PROMPT, finish="length"),
+        Case("llama3_json/cut_in_name", "llama3_1", w[:15], "llama3_json", tools=TOOLS,
+             prompt=LLAMA_PROMPT, finish="length"),
+        Case("llama3_json/single_call", "llama3_1", f"{w}; {t}", "llama3_json", tools=TOOLS,
+             prompt=LLAMA_PROMPT, parallel_tool_calls=False),
+        Case("llama3_json/tool_choice_none", "llama3_1", w, "llama3_json", tools=TOOLS,
+             prompt=LLAMA_PROMPT, tool_choice="none"),
+    ]
+    return cases
+
+
 def all_cases() -> list[Case]:
     return [*hermes_cases(), *qwen3_reasoning_cases(), *qwen3_coder_cases(), *glm_cases(),
             *think_cases("glm45", "qwen3", GLM_PROMPT, GLM_NO_THINK),
             *deepseek_cases("deepseek_v3", _ds3_call), *deepseek_cases("deepseek_v31", _ds31_call),
-            *kimi_cases(),
+            *kimi_cases(), *llama_cases(),
             *think_cases("kimi_k2", "qwen3", QWEN_PROMPT, QWEN_NO_THINK, {"thinking": False}),
             *think_cases("deepseek_r1", "qwen3", QWEN_PROMPT + "<think>\n", QWEN_NO_THINK),
             *think_cases("deepseek_v3", "qwen3", QWEN_PROMPT + "<think>\n", QWEN_NO_THINK, {},
@@ -482,7 +534,20 @@ CHUNKINGS: list[list[int]] = [[1], [3, 2, 8, 5, 4, 7, 2, 6]]
 _ID = "chatcmpl-tool-0000000000000000"
 _ML = {"content": None, "finish_reason": "tool_calls", "tool_calls": [
     {"id": _ID, "name": "get_weather", "arguments": '{\n  "city": "Paris"\n}'}]}
+
+
+def _calls(*calls: tuple[str, str], finish: str = "tool_calls") -> dict[str, Any]:
+    return {"content": None, "finish_reason": finish,
+            "tool_calls": [{"id": _ID, "name": n, "arguments": a} for n, a in calls]}
+
+
 EXPECTED: dict[str, dict[str, Any]] = {
+    # A call that breaks after it was announced keeps the raw rest of its text as arguments.
+    "llama3_json/malformed": _calls(("get_weather", '{"city": Paris}}')),
+    "llama3_json/second_broken": _calls(("get_weather", '{"city": "Paris"}'),
+                                        ("get_time", "{oops}}")),
+    "llama3_json/missing_brace": _calls(("get_weather", '{"city": "Paris"}')),
+    "llama3_json/cut_in_args": _calls(("get_weather", '{"'), finish="length"),
     # vLLM's DeepSeek regexes match one line: its answer drops a call whose JSON spans lines.
     "deepseek_v3/multiline_args": _ML,
     "deepseek_v31/multiline_args": _ML,

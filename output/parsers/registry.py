@@ -22,6 +22,7 @@ from output.parsers.chat import ChatParser
 from output.parsers.emit import Out, kimi_call_id, random_call_id
 from output.parsers.forced import Named, Required
 from output.parsers.hermes import hermes
+from output.parsers.llama_calls import llama3_json
 from output.parsers.marked_calls import deepseek_v3, deepseek_v31, kimi_k2
 from output.parsers.reasoning import (
     DEEPSEEK_R1,
@@ -70,6 +71,8 @@ _KIMI_K2 = ToolFamily("kimi_k2", kimi_k2, (
     "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
     "<|tool_call_argument_begin|>", "<|tool_call_end|>"), call_id=kimi_call_id, engine=True)
 
+_LLAMA = ToolFamily("llama3_json", llama3_json, ("<|python_tag|>",))
+
 TOOL_PARSERS: dict[str, ToolFamily] = {
     "hermes": _HERMES,
     "qwen3_json": _HERMES,
@@ -80,6 +83,8 @@ TOOL_PARSERS: dict[str, ToolFamily] = {
     "deepseek_v3": _DEEPSEEK_V3,
     "deepseek_v31": _DEEPSEEK_V31,
     "kimi_k2": _KIMI_K2,
+    "llama3_json": _LLAMA,
+    "llama4_json": _LLAMA,
 }
 REASONING_PARSERS: dict[str, ThinkFormat] = {
     "qwen3": QWEN3,
@@ -116,6 +121,8 @@ def auto_tool_parser(model_type: str, template: str) -> str | None:
         return "qwen3_coder"
     if "<tool_call>" in template:
         return "hermes"
+    if model_type == "llama" and "<|python_tag|>" in template:
+        return "llama3_json"
     return None
 
 
