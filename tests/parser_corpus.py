@@ -507,11 +507,134 @@ def llama_cases() -> list[Case]:
     return cases
 
 
+def harmony_cases() -> list[Case]:
+    think = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+    call = ("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            '{"city":"Paris"}')
+    final = "<|channel|>final<|message|>It is sunny."
+    outputs: dict[str, str] = {
+        "final_only": final,
+        "think_final": think + final,
+        "think_call": think + call,
+        "call_only": call,
+        "empty": "",
+        "non_ascii_args": "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                          '<|message|>{"city":"Zürich — 東京 🌧"}',
+        "escapes_args": "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                        '<|message|>{"city":"a\\"b\\\\c\\u00e9"}',
+        "empty_args": "<|channel|>commentary to=functions.get_time <|constrain|>json"
+                      "<|message|>{}",
+        "two_calls": call + "<|end|><|start|>assistant<|channel|>commentary "
+                     "to=functions.get_time <|constrain|>json<|message|>{}",
+        "empty_args_then_call": "<|channel|>commentary to=functions.get_time <|constrain|>json"
+                                "<|message|>{}<|end|><|start|>assistant" + call,
+        "preamble_then_call": "<|channel|>commentary<|message|>Checking now.<|end|>"
+                              "<|start|>assistant" + call,
+        "two_finals": final + "<|end|><|start|>assistant<|channel|>final<|message|>Bye.",
+        "two_thoughts": "<|channel|>analysis<|message|>A.<|end|><|start|>assistant"
+                        "<|channel|>analysis<|message|>B.<|end|><|start|>assistant" + final,
+        "recipient_first": "<|start|>assistant to=functions.get_time<|channel|>commentary json"
+                           "<|message|>{}",
+        "recipient_first_no_start": " to=functions.get_time<|channel|>commentary json"
+                                    "<|message|>{}",
+        "builtin_tool": "<|channel|>analysis<|message|>search<|end|><|start|>assistant"
+                        "<|channel|>commentary to=browser.search json<|message|>{\"q\":\"x\"}",
+        "bare_recipient": "<|channel|>commentary to=get_time <|constrain|>json<|message|>{}",
+        "text_args": "<|channel|>commentary to=functions.get_time code<|message|>UTC now",
+        "unknown_channel": "<|channel|>notes<|message|>hidden<|end|><|start|>assistant" + final,
+        "multiline_final": "<|channel|>final<|message|>Line 1\nLine 2\n\n- item",
+        "lt_text": "<|channel|>final<|message|>a <| b and <|chan",
+        "long_think": "<|channel|>analysis<|message|>" + "step. " * 80 + "<|end|>"
+                      "<|start|>assistant" + final,
+        "no_header": "Plain text without a channel.",
+        "analysis_only": "<|channel|>analysis<|message|>Only thinking.",
+        "spaced_args": "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                       '<|message|>{ "city" : "Oslo" }',
+        "malformed_args": "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                          "<|message|>{city: Oslo}",
+        "final_then_call": final + "<|end|><|start|>assistant" + call,
+        "nested_args": "<|channel|>commentary to=functions.lookup <|constrain|>json"
+                       '<|message|>{"meta":{"a":[1,null,true]}}',
+    }
+    prompt = "<|start|>assistant"
+    cases = [Case(f"openai/{k}", "gpt_oss", v, "openai", "openai_gptoss", prompt=prompt,
+                  tools=TOOLS) for k, v in outputs.items()]
+    cases += [
+        Case("openai/cut_in_think", "gpt_oss", "<|channel|>analysis<|message|>Hmm, let",
+             "openai", "openai_gptoss", prompt=prompt, tools=TOOLS, finish="length"),
+        Case("openai/cut_in_args", "gpt_oss", call[:-5], "openai", "openai_gptoss",
+             prompt=prompt, tools=TOOLS, finish="length"),
+        Case("openai/cut_in_header", "gpt_oss", think + "<|channel|>comm", "openai",
+             "openai_gptoss", prompt=prompt, tools=TOOLS, finish="length"),
+        Case("openai/hidden_reasoning", "gpt_oss", think + final, "openai", "openai_gptoss",
+             prompt=prompt, tools=TOOLS, include_reasoning=False),
+        Case("openai/tool_choice_none", "gpt_oss", think + call, "openai", "openai_gptoss",
+             prompt=prompt, tools=TOOLS, tool_choice="none"),
+        Case("openai/no_tools", "gpt_oss", think + call, "openai", "openai_gptoss",
+             prompt=prompt),
+        Case("openai/single_call", "gpt_oss", outputs["two_calls"], "openai", "openai_gptoss",
+             prompt=prompt, tools=TOOLS, parallel_tool_calls=False),
+    ]
+    return cases
+
+
+MISTRAL_PROMPT = "[INST]hi[/INST]"
+
+
+def mistral_cases() -> list[Case]:
+    w = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    t = '{"name": "get_time", "arguments": {}}'
+    outputs: dict[str, str] = {
+        "text_only": "The weather is fine.",
+        "empty": "",
+        "one_call": f"[TOOL_CALLS][{w}]",
+        "text_then_call": f"Let me check. [TOOL_CALLS][{w}]",
+        "blank_then_call": f"\n\n[TOOL_CALLS][{w}]",
+        "two_calls": f"[TOOL_CALLS][{w}, {t}]",
+        "empty_args_then_call": f"[TOOL_CALLS][{t}, {w}]",
+        "bare_object": f"[TOOL_CALLS]{w}",
+        "space_after_marker": f"[TOOL_CALLS] [{w}]",
+        "marker_twice": f"[TOOL_CALLS][TOOL_CALLS][{w}]",
+        "non_ascii": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Zürich 東京"}}]',
+        "escapes": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "a\\"b\\u00e9"}}]',
+        "compact": '[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"Rome","days":2}}]',
+        "nested": '[TOOL_CALLS][{"name": "lookup", "arguments": {"meta": {"a": [1, null]}}}]',
+        "unknown_function": '[TOOL_CALLS][{"name": "launch", "arguments": {"n": 1}}]',
+        "text_after": f"[TOOL_CALLS][{w}] done",
+        "not_json": "Hi [TOOL_CALLS] not json",
+        "args_first": '[TOOL_CALLS][{"arguments": {"city": "Lima"}, "name": "get_weather"}]',
+        "name_only": '[TOOL_CALLS][{"name": "get_time"}]',
+        "three_calls": f'[TOOL_CALLS][{w}, {t}, {{"name": "lookup", "arguments": {{"zip": "1"}}}}]',
+        "long": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "' + "x" * 300 + '"}}]',
+        "lt_text": "a [TOOL not a call",
+        "malformed": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": Paris}}]',
+        "newlines": f"[TOOL_CALLS][\n  {w},\n  {t}\n]",
+        "text_only_brackets": "Use [x] notation.",
+    }
+    cases = [Case(f"mistral/{k}", "mistral_nemo", v, "mistral", tools=TOOLS,
+                  prompt=MISTRAL_PROMPT) for k, v in outputs.items()]
+    cases += [
+        Case("mistral/cut_in_args", "mistral_nemo", f"[TOOL_CALLS][{w}"[:45], "mistral",
+             tools=TOOLS, prompt=MISTRAL_PROMPT, finish="length"),
+        Case("mistral/cut_after_marker", "mistral_nemo", "Checking. [TOOL_CALLS]", "mistral",
+             tools=TOOLS, prompt=MISTRAL_PROMPT, finish="length"),
+        Case("mistral/single_call", "mistral_nemo", f"[TOOL_CALLS][{w}, {t}]", "mistral",
+             tools=TOOLS, prompt=MISTRAL_PROMPT, parallel_tool_calls=False),
+        Case("mistral/tool_choice_none", "mistral_nemo", f"[TOOL_CALLS][{w}]", "mistral",
+             tools=TOOLS, prompt=MISTRAL_PROMPT, tool_choice="none"),
+        Case("mistral/no_tools", "mistral_nemo", f"[TOOL_CALLS][{w}]", "mistral",
+             prompt=MISTRAL_PROMPT),
+    ]
+    return cases
+
+
 def all_cases() -> list[Case]:
     return [*hermes_cases(), *qwen3_reasoning_cases(), *qwen3_coder_cases(), *glm_cases(),
             *think_cases("glm45", "qwen3", GLM_PROMPT, GLM_NO_THINK),
             *deepseek_cases("deepseek_v3", _ds3_call), *deepseek_cases("deepseek_v31", _ds31_call),
-            *kimi_cases(), *llama_cases(),
+            *kimi_cases(), *llama_cases(), *harmony_cases(), *mistral_cases(),
+            *think_cases("mistral", "mistral_nemo", MISTRAL_PROMPT, MISTRAL_PROMPT + "[/THINK]",
+                         {}, start="[THINK]", end="[/THINK]"),
             *think_cases("kimi_k2", "qwen3", QWEN_PROMPT, QWEN_NO_THINK, {"thinking": False}),
             *think_cases("deepseek_r1", "qwen3", QWEN_PROMPT + "<think>\n", QWEN_NO_THINK),
             *think_cases("deepseek_v3", "qwen3", QWEN_PROMPT + "<think>\n", QWEN_NO_THINK, {},
@@ -536,9 +659,10 @@ _ML = {"content": None, "finish_reason": "tool_calls", "tool_calls": [
     {"id": _ID, "name": "get_weather", "arguments": '{\n  "city": "Paris"\n}'}]}
 
 
-def _calls(*calls: tuple[str, str], finish: str = "tool_calls") -> dict[str, Any]:
+def _calls(*calls: tuple[str, str], finish: str = "tool_calls",
+           call_id: str = _ID) -> dict[str, Any]:
     return {"content": None, "finish_reason": finish,
-            "tool_calls": [{"id": _ID, "name": n, "arguments": a} for n, a in calls]}
+            "tool_calls": [{"id": call_id, "name": n, "arguments": a} for n, a in calls]}
 
 
 EXPECTED: dict[str, dict[str, Any]] = {
@@ -548,6 +672,8 @@ EXPECTED: dict[str, dict[str, Any]] = {
                                         ("get_time", "{oops}}")),
     "llama3_json/missing_brace": _calls(("get_weather", '{"city": "Paris"}')),
     "llama3_json/cut_in_args": _calls(("get_weather", '{"'), finish="length"),
+    # The array's JSON breaks inside the call's arguments: they end where it broke.
+    "mistral/malformed": _calls(("get_weather", '{"city": '), call_id="MistralId"),
     # vLLM's DeepSeek regexes match one line: its answer drops a call whose JSON spans lines.
     "deepseek_v3/multiline_args": _ML,
     "deepseek_v31/multiline_args": _ML,

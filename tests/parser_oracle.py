@@ -106,9 +106,16 @@ def options(case: Case) -> RequestOptions:
         else True)
 
 
+@cache
+def model_type(family: str) -> str:
+    config = json.loads((model_dir(family) / "config.json").read_text())
+    return str(config.get("model_type", ""))
+
+
 def parsers_for(case: Case) -> Any:
     tok = tokenizer(case.family)
-    model = ModelParsers(case.tool_parser, case.reasoning_parser, True, tokenizer=tok)
+    model = ModelParsers(case.tool_parser, case.reasoning_parser, True, tokenizer=tok,
+                         model_type=model_type(case.family))
     return model.for_request(options(case), case.prompt_ids)
 
 
@@ -235,7 +242,8 @@ def run_vllm(payload: list[dict[str, Any]], timeout: float = 900) -> dict[str, d
 
 
 _ID = {"random": re.compile(r"chatcmpl-tool-[0-9a-f]{16}"),
-       "kimi": re.compile(r"functions\.[^:]+:\d+")}
+       "kimi": re.compile(r"functions\.[^:]+:\d+"),
+       "mistral": re.compile(r"[A-Za-z0-9]{9}")}
 
 
 def _args(raw: str | None) -> Any:

@@ -135,3 +135,5 @@ KIMI_K2 = ThinkFormat("kimi_k2", implicit_ends=("<|tool_calls_section_begin|>",)
 # DeepSeek V3.1: R1's parser when the request turns thinking on, else none (vLLM's
 # deepseek_v3 reasoning parser); the prompt says which.
 DEEPSEEK_V3 = ThinkFormat("deepseek_v3", default_reasoning=False, off_when_closed=True)
+MISTRAL = ThinkFormat("mistral", start="[THINK]", end="[/THINK]", implicit_ends=("[TOOL_CALLS]",),
+                      default_reasoning=False, drop_stray_end=True, reenter=True, rstrip=True)

@@ -12,7 +12,7 @@ when the family's calls are JSON, else by the family's parser.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -21,14 +21,18 @@ from output.parsers.base import Plain, Stage
 from output.parsers.chat import ChatParser
 from output.parsers.emit import Out, kimi_call_id, random_call_id
 from output.parsers.forced import Named, Required
+from output.parsers.harmony import MARKERS as HARMONY_MARKERS
+from output.parsers.harmony import Harmony
 from output.parsers.hermes import hermes
 from output.parsers.llama_calls import llama3_json
 from output.parsers.marked_calls import deepseek_v3, deepseek_v31, kimi_k2
+from output.parsers.mistral_calls import mistral, mistral_call_id
 from output.parsers.reasoning import (
     DEEPSEEK_R1,
     DEEPSEEK_V3,
     GLM45,
     KIMI_K2,
+    MISTRAL,
     QWEN3,
     ThinkFormat,
     Thinking,
@@ -49,8 +53,10 @@ class ToolFamily:
     forced_json: bool = True  # vLLM's supports_required_and_named
     call_id: Callable[[str, int], str] = random_call_id
     # vLLM's engine-based parsers: empty content is None, and with no tools or tool_choice
-    # "none" the calls' markup is still taken out of the content (the calls are not made).
+    # "none" the calls' markup is still taken out of the content (the calls are not made)...
     engine: bool = False
+    # ... except Mistral's under tool_choice "none" with tools, which leaves it as content.
+    none_keeps_markup: bool = False
 
 
 def _hermes(out: Out, tools: Tools) -> Stage:
@@ -72,6 +78,14 @@ _KIMI_K2 = ToolFamily("kimi_k2", kimi_k2, (
     "<|tool_call_argument_begin|>", "<|tool_call_end|>"), call_id=kimi_call_id, engine=True)
 
 _LLAMA = ToolFamily("llama3_json", llama3_json, ("<|python_tag|>",))
+# gpt-oss: Harmony messages carry reasoning and calls alike (output/parsers/harmony.py); vLLM
+# reads forced calls with it too.
+_OPENAI = ToolFamily("openai", lambda out, tools: Plain(out), HARMONY_MARKERS,
+                     forced_json=False)
+
+_MISTRAL = ToolFamily("mistral", lambda out, tools: mistral(out, False), ("[TOOL_CALLS]", "[ARGS]"),
+                      forced_json=False, call_id=mistral_call_id, engine=True,
+                      none_keeps_markup=True)
 
 TOOL_PARSERS: dict[str, ToolFamily] = {
     "hermes": _HERMES,
@@ -85,6 +99,8 @@ TOOL_PARSERS: dict[str, ToolFamily] = {
     "kimi_k2": _KIMI_K2,
     "llama3_json": _LLAMA,
     "llama4_json": _LLAMA,
+    "openai": _OPENAI,
+    "mistral": _MISTRAL,
 }
 REASONING_PARSERS: dict[str, ThinkFormat] = {
     "qwen3": QWEN3,
@@ -93,6 +109,8 @@ REASONING_PARSERS: dict[str, ThinkFormat] = {
     "glm47": GLM45,
     "kimi_k2": KIMI_K2,
     "deepseek_v3": DEEPSEEK_V3,
+    "openai_gptoss": ThinkFormat("openai_gptoss"),  # read by the Harmony stage
+    "mistral": MISTRAL,
 }
 
 
@@ -123,6 +141,10 @@ def auto_tool_parser(model_type: str, template: str) -> str | None:
         return "hermes"
     if model_type == "llama" and "<|python_tag|>" in template:
         return "llama3_json"
+    if model_type == "gpt_oss":
+        return "openai"
+    if "[TOOL_CALLS]" in template or model_type in ("mistral", "mistral3"):
+        return "mistral"
     return None
 
 
@@ -135,6 +157,8 @@ def auto_reasoning_parser(model_type: str, template: str) -> str | None:
         return "glm45"
     if "<think>" in template and model_type.startswith("kimi"):
         return "kimi_k2"
+    if model_type == "gpt_oss":
+        return "openai_gptoss"
     return None
 
 
@@ -172,6 +196,10 @@ class ModelParsers:
                  enable_auto_tools: bool, *, tokenizer: Tokenizer, model_type: str = "",
                  template: str | None = None) -> None:
         template = template or ""
+        # gpt-oss always reads Harmony; vLLM gives it the openai_gptoss reasoning parser.
+        self.harmony = model_type == "gpt_oss"
+        if self.harmony and reasoning_parser is None:
+            reasoning_parser = "openai_gptoss"
         tool = _resolve(tool_parser, TOOL_PARSERS, auto_tool_parser, model_type, template,
                         "--tool-call-parser")
         reasoning = _resolve(reasoning_parser, REASONING_PARSERS, auto_reasoning_parser,
@@ -181,9 +209,16 @@ class ModelParsers:
         # As vLLM: the tool-call parser exists only with --enable-auto-tool-choice.
         self.tool = TOOL_PARSERS[tool] if tool is not None and enable_auto_tools else None
         self.reasoning = REASONING_PARSERS[reasoning] if reasoning is not None else None
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        if self.tool is not None and self.tool.name == "mistral" and "[ARGS]" in vocab:
+            self.tool = replace(self.tool, build=lambda out, tools: mistral(out, True))
+        if reasoning == "mistral" and "[THINK]" not in vocab:
+            self.reasoning = None  # as vLLM: a Mistral tokenizer without [THINK] has none
         self.enable_auto_tools = enable_auto_tools
         self.tokenizer = tokenizer
         markers = set(self.tool.markers if self.tool else ())
+        if self.harmony:
+            markers.update(HARMONY_MARKERS)
         if self.reasoning is not None:
             markers.update(self.reasoning.markers)
             markers.update(self.reasoning.boundaries)
@@ -200,7 +235,7 @@ class ModelParsers:
         if not self.active:
             return None
         reasoning = None
-        if self.reasoning is not None:
+        if self.reasoning is not None and not self.harmony:
             tail = self.tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]),
                                          skip_special_tokens=False)
             starts = self.reasoning.starts_reasoning(tail)
@@ -251,7 +286,15 @@ class RequestParsers:
         family = self.model.tool
         mute = family is not None and family.engine and (not opts.tools
                                                           or opts.tool_choice == "none")
+        if mute and family is not None and family.none_keeps_markup and opts.tools:
+            mute = False  # a plain stage: no calls are read
         out = Out(family.call_id if family else random_call_id, opts.history_calls, mute)
+        if self.model.harmony:
+            out.mute = family is None or not opts.tools or opts.tool_choice == "none"
+            shows = self.model.reasoning_name == "openai_gptoss"
+            return ChatParser(out, Harmony(out, shows), include_reasoning=opts.include_reasoning,
+                              single_call=opts.parallel_tool_calls is False,
+                              on_failure=self._failed, empty_content=None)
         tail: Stage = self._tool_stage(out)
         if self.reasoning is not None:
             fmt, starts = self.reasoning
@@ -267,7 +310,8 @@ class RequestParsers:
         if family is None:
             return Plain(out)
         if not opts.tools or choice == "none":
-            return family.build(out, opts.tools or ()) if family.engine else Plain(out)
+            engine = family.engine and not (family.none_keeps_markup and opts.tools)
+            return family.build(out, opts.tools or ()) if engine else Plain(out)
         if family.forced_json and isinstance(choice, dict):
             return Named(out, choice["function"]["name"])
         if family.forced_json and choice == "required":
