@@ -628,11 +628,61 @@ def mistral_cases() -> list[Case]:
     return cases
 
 
+def pythonic_cases(name: str) -> list[Case]:
+    outputs: dict[str, str] = {
+        "text_only": "The weather is fine.",
+        "empty": "",
+        "one_call": "[get_weather(city='Paris')]",
+        "two_calls": "[get_weather(city='Paris'), get_time()]",
+        "empty_args_then_call": '[get_time(), get_weather(city="Oslo")]',
+        "typed": "[lookup(zip='03106', limit=None, exact=True, tags=['a', 'b'], "
+                 "meta={'k': 1.5})]",
+        "json_names": "[lookup(limit=null, exact=false, tags=[true])]",
+        "negative": "[lookup(limit=-3, meta={'x': -2.5})]",
+        "tuple_set": "[lookup(tags=(1, 2), meta={'s': {3}})]",
+        "non_ascii": "[get_weather(city='Zürich — 東京 🌧')]",
+        "escapes": "[get_weather(city='it\\'s \"q\" \\\\ \\n')]",
+        "triple_quoted": "[get_weather(city=" + "'" * 3 + "multi\nline" + "'" * 3 + ")]",
+        "dotted": "[tools.get_weather(city='Rome')]",
+        "positional": "[get_weather('Paris')]",
+        "text_then_list": "Sure: [get_weather(city='Paris')]",
+        "text_after": "[get_weather(city='Paris')] done",
+        "not_a_call": "[1, 2, 3]",
+        "expression_arg": "[get_weather(city=x + 1)]",
+        "unclosed": "[get_weather(city='Paris')",
+        "brackets_in_string": "[get_weather(city='a)b]c[d(e')]",
+        "newlines": "[\n  get_weather(city='Paris'),\n  get_time()\n]",
+        "three_calls": "[get_time(), get_time(zone='UTC'), lookup(zip='1')]",
+        "nested_call": "[get_weather(city=get_time())]",
+        "fstring": "[get_weather(city=f'Paris')]",
+        "empty_list": "[]",
+        "long": "[get_weather(city='" + "x" * 300 + "')]",
+        "unknown_function": "[launch(n=3)]",
+        "bytes": "[get_weather(city=b'x')]",
+        "leading_space": " [get_time()]",
+        "second_broken": "[get_time(), get_weather(city=x y)]",
+    }
+    cases = [Case(f"{name}/{k}", "llama3_1", v, name, tools=TOOLS, prompt=LLAMA_PROMPT)
+             for k, v in outputs.items()]
+    cases += [
+        Case(f"{name}/cut_in_call", "llama3_1", "[get_weather(city='Par", name, tools=TOOLS,
+             prompt=LLAMA_PROMPT, finish="length"),
+        Case(f"{name}/cut_after_call", "llama3_1", "[get_time(), get_weather(ci", name,
+             tools=TOOLS, prompt=LLAMA_PROMPT, finish="length"),
+        Case(f"{name}/single_call", "llama3_1", outputs["two_calls"], name, tools=TOOLS,
+             prompt=LLAMA_PROMPT, parallel_tool_calls=False),
+        Case(f"{name}/tool_choice_none", "llama3_1", outputs["one_call"], name, tools=TOOLS,
+             prompt=LLAMA_PROMPT, tool_choice="none"),
+    ]
+    return cases
+
+
 def all_cases() -> list[Case]:
     return [*hermes_cases(), *qwen3_reasoning_cases(), *qwen3_coder_cases(), *glm_cases(),
             *think_cases("glm45", "qwen3", GLM_PROMPT, GLM_NO_THINK),
             *deepseek_cases("deepseek_v3", _ds3_call), *deepseek_cases("deepseek_v31", _ds31_call),
             *kimi_cases(), *llama_cases(), *harmony_cases(), *mistral_cases(),
+            *pythonic_cases("pythonic"), *pythonic_cases("llama4_pythonic"),
             *think_cases("mistral", "mistral_nemo", MISTRAL_PROMPT, MISTRAL_PROMPT + "[/THINK]",
                          {}, start="[THINK]", end="[/THINK]"),
             *think_cases("kimi_k2", "qwen3", QWEN_PROMPT, QWEN_NO_THINK, {"thinking": False}),

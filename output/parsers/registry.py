@@ -27,6 +27,7 @@ from output.parsers.hermes import hermes
 from output.parsers.llama_calls import llama3_json
 from output.parsers.marked_calls import deepseek_v3, deepseek_v31, kimi_k2
 from output.parsers.mistral_calls import mistral, mistral_call_id
+from output.parsers.pythonic import llama4_pythonic, pythonic
 from output.parsers.reasoning import (
     DEEPSEEK_R1,
     DEEPSEEK_V3,
@@ -87,6 +88,10 @@ _MISTRAL = ToolFamily("mistral", lambda out, tools: mistral(out, False), ("[TOOL
                       forced_json=False, call_id=mistral_call_id, engine=True,
                       none_keeps_markup=True)
 
+_PYTHONIC = ToolFamily("pythonic", pythonic, ())
+_LLAMA4_PYTHONIC = ToolFamily("llama4_pythonic", llama4_pythonic,
+                              ("<|python_start|>", "<|python_end|>"))
+
 TOOL_PARSERS: dict[str, ToolFamily] = {
     "hermes": _HERMES,
     "qwen3_json": _HERMES,
@@ -101,6 +106,8 @@ TOOL_PARSERS: dict[str, ToolFamily] = {
     "llama4_json": _LLAMA,
     "openai": _OPENAI,
     "mistral": _MISTRAL,
+    "pythonic": _PYTHONIC,
+    "llama4_pythonic": _LLAMA4_PYTHONIC,
 }
 REASONING_PARSERS: dict[str, ThinkFormat] = {
     "qwen3": QWEN3,
@@ -209,10 +216,10 @@ class ModelParsers:
         # As vLLM: the tool-call parser exists only with --enable-auto-tool-choice.
         self.tool = TOOL_PARSERS[tool] if tool is not None and enable_auto_tools else None
         self.reasoning = REASONING_PARSERS[reasoning] if reasoning is not None else None
-        vocab = tokenizer.get_vocab(with_added_tokens=True)
-        if self.tool is not None and self.tool.name == "mistral" and "[ARGS]" in vocab:
+        if (self.tool is not None and self.tool.name == "mistral"
+                and tokenizer.token_to_id("[ARGS]") is not None):
             self.tool = replace(self.tool, build=lambda out, tools: mistral(out, True))
-        if reasoning == "mistral" and "[THINK]" not in vocab:
+        if reasoning == "mistral" and tokenizer.token_to_id("[THINK]") is None:
             self.reasoning = None  # as vLLM: a Mistral tokenizer without [THINK] has none
         self.enable_auto_tools = enable_auto_tools
         self.tokenizer = tokenizer
