@@ -183,7 +183,10 @@ async def _derender(od: OnlineDerenderer, case: dict[str, Any],
             "index": 0, "token_ids": case["output_ids"], "finish_reason": case["finish_reason"],
             **({"logprobs": case["logprobs"]} if case.get("logprobs") else {})}]})
     choices = await od.derender_chat(gen, req, case["prompt_ids"])
-    full = [c.model_dump(exclude_none=True) for c in choices]
+    full = [json.loads(c.model_dump_json()) for c in choices]
+    cmpl, _, _ = await od.derender_completion([gen], [len(case["prompt_ids"])],
+                                              prompt_token_ids=[case["prompt_ids"]])
+    completion = [json.loads(c.model_dump_json()) for c in cmpl]
     stream_chunks = []
     state = None
     ids = case["output_ids"]
@@ -200,7 +203,7 @@ async def _derender(od: OnlineDerenderer, case: dict[str, Any],
             "m", chunk, state, req, prompt_tokens=len(case["prompt_ids"]),
             prompt_token_ids=case["prompt_ids"])
         stream_chunks.append(json.loads(out.model_dump_json(exclude_unset=True)))
-    return {"full": full, "stream": stream_chunks}
+    return {"full": full, "stream": stream_chunks, "completion": completion}
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -215,6 +218,13 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     req = ChatCompletionRequest.model_validate(case["request"])
     text = tok.decode(case["output_ids"], skip_special_tokens=False)
     result: dict[str, Any] = {"id": case["id"], "text": text}
+    if case.get("derender"):
+        od = OnlineDerenderer(cfg.model_config, renderer, request_logger=None,
+                              chat_template=None, chat_template_content_format="auto",
+                              enable_auto_tools=case["enable_auto_tools"],
+                              tool_parser=case.get("tool_parser"),
+                              reasoning_parser=case.get("reasoning_parser"))
+        result["derender"] = asyncio.run(_derender(od, case, req))
     if parser_cls is None:
         result["full"] = {"content": text, "reasoning": None, "tool_calls": [],
                           "finish_reason": case["finish_reason"]}
@@ -225,13 +235,6 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
         result["full_error"] = f"{type(exc).__name__}: {exc}"
     result["streams"] = [_stream(parser_cls, tok, cfg, case, req, lens)
                          for lens in case["chunkings"]]
-    if case.get("derender"):
-        od = OnlineDerenderer(cfg.model_config, renderer, request_logger=None,
-                              chat_template=None, chat_template_content_format="auto",
-                              enable_auto_tools=case["enable_auto_tools"],
-                              tool_parser=case.get("tool_parser"),
-                              reasoning_parser=case.get("reasoning_parser"))
-        result["derender"] = asyncio.run(_derender(od, case, req))
     return result
 
 

@@ -34,6 +34,8 @@ class ThinkFormat:
     off_when_closed: bool = False
     reenter: bool = False  # a start marker in the content opens reasoning again (GLM)
     rstrip: bool = False  # whitespace ending the reasoning is dropped (vLLM's engine parsers)
+    # vLLM's engine-based parser: special tokens other than its markers are not text.
+    engine: bool = False
 
     def starts_reasoning(self, prompt_tail: str) -> bool:
         """Whether generation starts inside reasoning, from the prompt's last text."""
@@ -125,15 +127,17 @@ class Thinking:
 
 
 QWEN3 = ThinkFormat("qwen3", implicit_ends=("<tool_call>",), drop_stray_end=True,
-                    boundaries=("<|im_start|>", "<|im_end|>"), off_when_closed=True)
+                    boundaries=("<|im_start|>", "<|im_end|>"), off_when_closed=True,
+                    engine=True)
 DEEPSEEK_R1 = ThinkFormat("deepseek_r1")
 GLM45 = ThinkFormat("glm45", implicit_ends=("<tool_call>",), drop_stray_end=True,
                     boundaries=("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
-                    off_when_closed=True, reenter=True, rstrip=True)
+                    off_when_closed=True, reenter=True, rstrip=True, engine=True)
 KIMI_K2 = ThinkFormat("kimi_k2", implicit_ends=("<|tool_calls_section_begin|>",),
-                      drop_stray_end=True, off_when_closed=True, rstrip=True)
+                      drop_stray_end=True, off_when_closed=True, rstrip=True, engine=True)
 # DeepSeek V3.1: R1's parser when the request turns thinking on, else none (vLLM's
 # deepseek_v3 reasoning parser); the prompt says which.
 DEEPSEEK_V3 = ThinkFormat("deepseek_v3", default_reasoning=False, off_when_closed=True)
 MISTRAL = ThinkFormat("mistral", start="[THINK]", end="[/THINK]", implicit_ends=("[TOOL_CALLS]",),
-                      default_reasoning=False, drop_stray_end=True, reenter=True, rstrip=True)
+                      default_reasoning=False, drop_stray_end=True, reenter=True, rstrip=True,
+                      engine=True)

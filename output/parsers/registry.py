@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 from tokenizers import Tokenizer
 
 from output.parsers.base import Plain, Stage
@@ -39,6 +40,8 @@ from output.parsers.reasoning import (
     Thinking,
 )
 from output.parsers.xml_calls import glm, qwen3_xml
+from render.protocol import ChatCompletionRequest, NamedToolChoice
+from render.tool_choice import effective
 
 # How much of the prompt's end decides where reasoning starts (its last turn's markers).
 PROMPT_TAIL_TOKENS = 64
@@ -196,6 +199,20 @@ class RequestOptions:
     history_calls: int = 0  # tool calls of earlier assistant turns (Kimi's ids count on)
 
 
+def options_of(req: ChatCompletionRequest) -> RequestOptions:
+    """A chat request's parsing options (tool_choice with vLLM's default: auto with tools)."""
+    choice = effective(req)
+    tool_choice: str | dict[str, Any] | None = (
+        {"type": "function", "function": {"name": choice.function.name}}
+        if isinstance(choice, NamedToolChoice) else choice)
+    tools = [msgspec.to_builtins(t) for t in req.tools] if req.tools else None
+    history = sum(len(m.tool_calls) for m in req.messages
+                  if m.role == "assistant" and isinstance(m.tool_calls, list))
+    return RequestOptions(tools=tools, tool_choice=tool_choice,
+                          include_reasoning=req.include_reasoning,
+                          parallel_tool_calls=req.parallel_tool_calls, history_calls=history)
+
+
 class ModelParsers:
     """One served model's parsers, resolved from the operator's flags."""
 
@@ -278,6 +295,15 @@ class RequestParsers:
             return ""
         family = self.model.tool
         return None if self.reasoning is not None or (family and family.engine) else ""
+
+    @property
+    def drops_specials(self) -> bool:
+        """Whether vLLM's parser here is engine-based, whose text has no special tokens but its
+        markers (the derender decodes every token otherwise, as vLLM's does)."""
+        family = self.model.tool
+        fmt = self.reasoning[0] if self.reasoning is not None else None
+        return bool((family is not None and family.engine and self.opts.tools)
+                    or (fmt is not None and fmt.engine))
 
     @property
     def named(self) -> bool:

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from render.protocol import decode_request
 from render.renderer import Renderer
 from render.service.config import ServerConfig, parse_args
+from render.service.derender_routes import chat_derender, completion_derender
 from render.service.fast_route import FastRenderRoute
 from render.service.loading import Codecs, load_models, load_parsers
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
@@ -51,6 +52,8 @@ from serving.server import bind_socket
 ROUTE_PATHS = (
     "/v1/chat/completions/render",
     "/v1/completions/render",
+    "/v1/chat/completions/derender",
+    "/v1/completions/derender",
     "/tokenize",
     "/detokenize",
     "/v1/models",
@@ -177,6 +180,8 @@ def create_app(cfg: ServerConfig, *,
     routes = [
         Route("/v1/chat/completions/render", chat_render, methods=["POST"]),
         Route("/v1/completions/render", completion_render, methods=["POST"]),
+        Route("/v1/chat/completions/derender", chat_derender, methods=["POST"]),
+        Route("/v1/completions/derender", completion_derender, methods=["POST"]),
         Route("/tokenize", tokenize_endpoint, methods=["POST"]),
         Route("/detokenize", detokenize_endpoint, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),

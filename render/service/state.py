@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from output.detokenize import TokenDecoder
 from output.parsers.registry import ModelParsers
 from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.service.config import RenderLimits
+from render.service.derender import Derenderer
 from render.service.loading import Codecs, find_model
 from render.service.offload import RenderHelper
 from serving.metrics import RenderMetrics
@@ -40,12 +42,22 @@ class Models:
         self.registry = registry
         # Each model's output parsers by served name (derender, and the router's answers).
         self.parsers = parsers or {}
+        self._derenderers: dict[str, Derenderer] = {}
         self.locks = {name: asyncio.Lock() for name in registry.names()}
         self.costs = {name: RenderCost() for name in registry.names()}
         self.created = created
 
     def get(self, name: str | None) -> Renderer:
         return find_model(self.registry, name)
+
+    def derenderer(self, name: str) -> Derenderer:
+        """The model's derender, built on first use (its detokenizer tables take ~0.1 s)."""
+        found = self._derenderers.get(name)
+        if found is None:
+            renderer = self.get(name)
+            found = self._derenderers[name] = Derenderer(
+                name, TokenDecoder(renderer.tokenizer), self.parsers.get(name))
+        return found
 
 
 class RenderCost:

@@ -12,14 +12,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from output.detokenize import TokenDecoder
-from output.parsers.registry import RequestParsers
+from output.parsers.registry import RequestParsers, options_of
 from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from render.errors import BadRequestError
 from render.protocol import GenerateRequest, decode_request
 from render.renderer import Renderer
 from render.sampling_checks import check_sampling
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
-from router.front.parsing import request_options
 from router.front.respond import EngineResponse, client_disconnected
 from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
@@ -148,7 +147,7 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes,
                  return_token_ids=bool(req.return_token_ids),
                  skip_special_tokens=req.skip_special_tokens)
     parsers = st.models.parsers.get(renderer.served_model_name)
-    per_request = (parsers.for_request(request_options(req), gen.token_ids)
+    per_request = (parsers.for_request(options_of(req), gen.token_ids)
                    if parsers is not None else None)
     return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival,
                          per_request)
