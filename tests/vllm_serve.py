@@ -6,7 +6,8 @@ token-in API (`/inference/v1/generate`, `/inference/v1/abort_requests`), and KV 
 endpoints that `/kv_event_sources` reports. Started once per session (~60-150 s on two cores);
 every test that needs it asks for the `vllm_serve` fixture.
 
-The server binds port 0; its port is read back from the process's listening socket.
+The server binds port 0; its port is the one of the process's listening sockets that answers
+`/health`.
 """
 
 from __future__ import annotations
@@ -69,38 +70,29 @@ class VllmServe:
             self.proc.wait(timeout=60)
 
 
-def _listening_port(pid: int) -> int | None:
-    """The TCP port the process (or one of its children) listens on, once it does."""
+def _listening_ports(pid: int) -> list[int]:
+    """The loopback TCP ports the API server process listens on (its HTTP port among them; the
+    engine's own sockets live in child processes)."""
     try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        conns = psutil.Process(pid).net_connections(kind="tcp")
     except psutil.NoSuchProcess:
-        return None
-    for p in procs:
-        try:
-            for conn in p.net_connections(kind="tcp"):
-                if conn.status == psutil.CONN_LISTEN and conn.laddr.ip == "127.0.0.1":
-                    return int(conn.laddr.port)
-        except psutil.NoSuchProcess:
-            continue
-    return None
+        return []
+    return sorted({int(c.laddr.port) for c in conns
+                   if c.status == psutil.CONN_LISTEN and c.laddr.ip == "127.0.0.1"})
 
 
 def _wait_healthy(server: VllmServe, deadline: float) -> None:
-    """Polls the process for its port, then `/health`, until the deadline (a start takes minutes;
-    each probe is bounded by a poll timeout, not a sleep)."""
-    port: int | None = None
+    """Probes the server's listening ports for `/health` until one answers 200 or the deadline
+    passes (a start takes minutes; each probe is bounded by a poll timeout, not a sleep)."""
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if server.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited ({server.proc.returncode}):\n"
                                    f"{server.log_tail()}")
-            if port is None:
-                port = _listening_port(server.proc.pid)
-                if port is not None:
-                    server.base_url = f"http://127.0.0.1:{port}"
-            if port is not None:
+            for port in _listening_ports(server.proc.pid):
                 try:
-                    if client.get(f"{server.base_url}/health").status_code == 200:
+                    if client.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        server.base_url = f"http://127.0.0.1:{port}"
                         return
                 except httpx.HTTPError:
                     pass
