@@ -20,6 +20,7 @@ from devtools.cluster import ClusterOptions, LocalCluster
 from radix import namespace_for
 from render.service.lora_modules import LoRAModule
 from router.routing.policy import PolicyConfig
+from tests.render_proc import render_server
 from tests.waits import eventually
 
 
@@ -263,3 +264,31 @@ def test_requests_prefer_the_engines_holding_their_adapter(adapters_dir: Path) -
         for i in range(1, 9):  # cold prompts, equal loads: the holder wins every time
             assert engine_of("a", f"prompt number {i}") == first
             assert engine_of("b", f"prompt number {i}") == other
+
+
+def test_render_service_and_remote_render_take_adapter_names(adapters_dir: Path) -> None:
+    """`kvroute render --lora-modules`: adapter names render with the base model and are listed.
+    A router rendering remotely sends its own adapters' requests (loaded at run time, unknown to
+    the service) under the base model's name."""
+    path = adapter(adapters_dir, "remote")
+    with render_server("--render-processes", "0", "--lora-modules", f"svc={path}") as url:
+        with httpx.Client(base_url=url, timeout=30) as svc:
+            models = svc.get("/v1/models").json()["data"]
+            assert [(m["id"], m["parent"], m["root"]) for m in models][1:] == [
+                ("svc", models[0]["id"], path)]
+            gen = svc.post("/v1/chat/completions/render", json=_chat("svc", "hi"))
+            base = svc.post("/v1/chat/completions/render", json=_chat(models[0]["id"], "hi"))
+            assert gen.status_code == 200 and gen.json()["model"] == "svc"
+            assert gen.json()["token_ids"] == base.json()["token_ids"]
+        opts = ClusterOptions(engines=1, render_url=url, allow_runtime_lora_updating=True,
+                              sim={"step_time": 0.002, "enable_lora": True})
+        with LocalCluster(opts) as c, httpx.Client(base_url=c.base_url, timeout=30) as http:
+            loaded = http.post("/v1/load_lora_adapter",
+                               json={"lora_name": "late", "lora_path": path})
+            assert loaded.status_code == 200, loaded.text
+            for route, body in (("/v1/chat/completions", _chat("late", "hi")),
+                                ("/v1/completions", {"model": "late", "prompt": "hi",
+                                                     "max_tokens": 2})):
+                resp = http.post(route, json=body)
+                assert resp.status_code == 200, resp.text
+                assert resp.json()["model"] == "late"
