@@ -19,6 +19,7 @@ import pytest
 from devtools.cluster import ClusterOptions, LocalCluster
 from radix import namespace_for
 from render.service.lora_modules import LoRAModule
+from router.config import Control
 from router.routing.policy import PolicyConfig
 from tests.render_proc import render_server
 from tests.waits import eventually
@@ -292,3 +293,40 @@ def test_render_service_and_remote_render_take_adapter_names(adapters_dir: Path)
                 resp = http.post(route, json=body)
                 assert resp.status_code == 200, resp.text
                 assert resp.json()["model"] == "late"
+
+
+def test_engines_that_turn_ready_later_get_every_adapter(adapters_dir: Path) -> None:
+    """A joining engine gets the static and the run-time adapters; a restarted engine process
+    (it holds none) gets them again."""
+    opts = ClusterOptions(
+        engines=1, processes=True, control=Control(admin_key="admin-secret"),
+        sim={"step_time": 0.002, "enable_lora": True, "max_loras": 2},
+        lora_modules=(LoRAModule("sql", adapter(adapters_dir, "join-sql")),),
+        allow_runtime_lora_updating=True)
+    with LocalCluster(opts) as c, httpx.Client(base_url=c.base_url, timeout=30) as http:
+        late = http.post("/v1/load_lora_adapter", json={
+            "lora_name": "late", "lora_path": adapter(adapters_dir, "join-late")})
+        assert late.status_code == 200, late.text
+        joined = http.post("/admin/engines", headers={"authorization": "Bearer admin-secret"},
+                           json={"name": "joined", "handshake": f"ipc://{c.dir}/joined.hs"})
+        assert joined.status_code == 200, joined.text
+        c.start_engine("joined")
+        ids = [1, 2]  # sql, then late
+        eventually(lambda: _on_loop(c, lambda: c.state.adapters.engines.get("joined") is not None
+                                    and c.state.adapters.engines["joined"].usable == set(ids)))
+        assert _list_loras(c, "joined") == ids
+        c.kill_engine("engine-0")
+        c.start_engine("engine-0")
+        eventually(lambda: "engine-0" in c.state.client.engines
+                   and _list_loras_or_none(c, "engine-0") == ids)
+        for model in ("sql", "late"):
+            resp = http.post("/v1/chat/completions", json=_chat(model, "after the restart"))
+            assert resp.status_code == 200, resp.text
+
+
+def _list_loras_or_none(c: LocalCluster, engine: str) -> list[int] | None:
+    """list_loras, or None while the engine is not back (its link down or not yet ready)."""
+    try:
+        return _list_loras(c, engine)
+    except Exception:  # the link's errors while the engine restarts
+        return None
