@@ -295,6 +295,7 @@ def test_render_service_and_remote_render_take_adapter_names(adapters_dir: Path)
                 assert resp.json()["model"] == "late"
 
 
+@pytest.mark.slow
 def test_engines_that_turn_ready_later_get_every_adapter(adapters_dir: Path) -> None:
     """A joining engine gets the static and the run-time adapters; a restarted engine process
     (it holds none) gets them again."""

@@ -156,6 +156,9 @@ class Adapters:
                                        return_exceptions=True)
         loaded = [n for n, r in zip(names, results, strict=True) if r is True]
         failed = [r for r in results if isinstance(r, UtilityCallError)]
+        bugs = [r for r in results if isinstance(r, BaseException) and r not in failed]
+        if bugs:
+            raise bugs[0]
         if failed:
             # vLLM answers the first failure; the engines that did load it drop it again (an
             # in-place reload then loads the registered weights from their path on next use).
@@ -163,7 +166,8 @@ class Adapters:
                                  return_exceptions=True)
             if previous is not None:
                 for n in loaded:
-                    self.engines[n].usable.add(previous.lora_int_id)
+                    if (state := self.engines.get(n)) is not None:
+                        state.usable.add(previous.lora_int_id)
             message = str(failed[0])
             if not_found_message(lora) in message:
                 raise NotFoundError(not_found_message(lora))
@@ -175,6 +179,13 @@ class Adapters:
                     "start them with --enable-lora.")
             raise ServiceUnavailableError(
                 f"No engine is ready to load the LoRA adapter '{lora.lora_name}'; retry later.")
+        if previous is not None:
+            # Reloaded in place: an engine that did not take the new weights (its link failed)
+            # still holds the old ones under the same id; it gets the new ones when it is
+            # ready again (engine_ready), not this adapter's requests before.
+            for n, e in self.engines.items():
+                if n not in loaded:
+                    e.usable.discard(lora.lora_int_id)
 
     async def unload(self, name: str) -> str:
         """Stop serving an adapter and drop it from the engines (requests already on them
