@@ -17,6 +17,7 @@ import httpx
 import msgspec
 
 from render.models import EMBEDDED_MODEL
+from render.service.lora_modules import LoRAModule
 from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
@@ -48,6 +49,10 @@ class ClusterOptions:
     # The router's context length when it must differ from the sims' (tests of an engine that
     # refuses what the router admits); None: the sims' own.
     router_max_model_len: int | None = None
+    # LoRA adapters served from the start (the sims need sim={"enable_lora": True}), and the
+    # runtime load/unload endpoints.
+    lora_modules: tuple[LoRAModule, ...] = ()
+    allow_runtime_lora_updating: bool = False
 
 
 class LocalCluster:
@@ -88,7 +93,9 @@ class LocalCluster:
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
                             log_json=False, log_level="WARNING",
-                            http_server=self.options.http_server)
+                            http_server=self.options.http_server,
+                            lora_modules=self.options.lora_modules,
+                            allow_runtime_lora_updating=self.options.allow_runtime_lora_updating)
 
     def sim_options(self) -> dict[str, Any]:
         """The sims' SimConfig overrides, with the context length the router is given too."""
@@ -133,7 +140,11 @@ class LocalCluster:
         if self.options.processes:
             args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
             for key, value in self.sim_options().items():
-                args += [f"--{key.replace('_', '-')}", str(value)]
+                flag = f"--{key.replace('_', '-')}"
+                if isinstance(value, bool):  # a switch: present when on
+                    args += [flag] if value else []
+                else:
+                    args += [flag, str(value)]
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:

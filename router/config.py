@@ -14,8 +14,12 @@ from typing import Any
 
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
+from render.service.lora_modules import LoRAModule, lora_modules
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
+
+# vLLM's switch for POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 class ConfigError(ValueError):
@@ -186,10 +190,17 @@ class RouterConfig:
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
     http_server: str = ROUTER_SERVER
+    # LoRA adapters served from the start (vLLM's --lora-modules), loaded onto every engine.
+    lora_modules: tuple[LoRAModule, ...] = ()
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's env switch
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING, read by from_args; or this key in the config file).
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
             raise ValueError(f"http_server must be one of {SERVERS}, got {self.http_server!r}")
+        if not all(isinstance(m, LoRAModule) for m in self.lora_modules):
+            raise ValueError("lora_modules must hold LoRAModule entries")
 
 
 _SCALARS: dict[str, tuple[type, ...]] = {
@@ -274,10 +285,17 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
             raise ConfigError("link: allowed_peers must be a list of IP addresses")
         link_data["allowed_peers"] = tuple(peers)
     link = _build(LinkConfig, link_data, "link")
+    modules = data.pop("lora_modules", [])
+    if not isinstance(modules, list | tuple):
+        raise ConfigError("lora_modules: expected a list of name=path strings or tables")
+    try:
+        adapters = lora_modules(modules)
+    except ValueError as exc:
+        raise ConfigError(f"lora_modules: {exc}") from None
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams, "link": link},
+         "control": control, "streams": streams, "link": link, "lora_modules": adapters},
         "top level",
     )
 
@@ -319,6 +337,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="context length (default: the model's config.json; keep it at most "
                             "the engines' --max-model-len)")
     model.add_argument("--render-url", help="use a remote `kvroute render` service")
+    model.add_argument("--lora-modules", nargs="+", action="extend", default=[],
+                       metavar="MODULE",
+                       help="LoRA adapters served under their own model names, as in vllm "
+                            "serve: name=path, or JSON {\"name\": .., \"path\": .., "
+                            "\"base_model_name\": ..}; the path is the adapter's directory on "
+                            "the engines' hosts. Runtime loading (/v1/load_lora_adapter) needs "
+                            f"{RUNTIME_LORA_ENV}=1")
     engines = parser.add_argument_group("engines")
     engines.add_argument(
         "--engine",
@@ -379,6 +404,14 @@ API_KEY_ENV = "KVROUTE_API_KEY"
 ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
 
 
+def env_flag(env: Mapping[str, str], var: str) -> bool | None:
+    """vLLM's reading of a boolean switch: "1" or "true" (any case, spaces aside) is on;
+    None when the variable is not set."""
+    if var not in env:
+        return None
+    return env[var].strip().lower() in ("1", "true")
+
+
 def read_key(path: str, what: str) -> str:
     """A key file's content, without the trailing newline an editor or a Secret adds."""
     try:
@@ -427,6 +460,11 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
             data[key] = getattr(args, key)
     if args.plain_logs:
         data["log_json"] = False
+    if args.lora_modules:
+        data["lora_modules"] = [*data.get("lora_modules", []), *args.lora_modules]
+    runtime_lora = env_flag(env, RUNTIME_LORA_ENV)
+    if runtime_lora is not None:
+        data["allow_runtime_lora_updating"] = runtime_lora
     if args.engine:
         data["engines"] = [parse_engine_flag(v, i) for i, v in enumerate(args.engine)]
     policy = dict(data.get("policy", {}))

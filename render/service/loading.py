@@ -17,6 +17,7 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
+from render.service.lora_modules import LoRAModule
 from render.token_json import json_encoder
 
 
@@ -33,9 +34,12 @@ class Codecs:
 
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
-                limits: RequestLimits = DEFAULT_LIMITS) -> ModelRegistry:
-    """The renderers of ``specs``, in order (the first is the default model)."""
-    return ModelRegistry([
+                limits: RequestLimits = DEFAULT_LIMITS,
+                lora_modules: Iterable[LoRAModule] = ()) -> ModelRegistry:
+    """The renderers of ``specs``, in order (the first is the default model); each LoRA
+    module's name is an alias of its base model (``base_model_name`` when that is served, else
+    the first model, as vLLM parents an adapter)."""
+    registry = ModelRegistry([
         Renderer.load(
             spec.model,
             tokenizer=spec.tokenizer,
@@ -47,6 +51,11 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
         )
         for spec in specs
     ])
+    served = set(registry.names())
+    for module in lora_modules:
+        base = module.base_model_name if module.base_model_name in served else None
+        registry.add_alias(module.name, base)
+    return registry
 
 
 def find_model(registry: ModelRegistry, name: str | None) -> Renderer:

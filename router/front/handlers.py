@@ -23,6 +23,7 @@ from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
 from serving.body import read_body
 from serving.errors import ClientGoneError
+from wire.engine import LoRARequest
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Any]]
@@ -59,14 +60,36 @@ def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpe
     )
 
 
+def _target(st: RouterState, model: str | None) -> tuple[Renderer, LoRARequest | None]:
+    """The renderer a request's ``model`` names and its LoRA adapter, if it names one (then
+    the renderer is the adapter's base model's, as vLLM renders adapter requests)."""
+    return st.models.get(model), st.adapters.get(model)
+
+
+def _served(renderer: Renderer, lora: LoRARequest | None) -> str:
+    """The ``model`` of the answer: the adapter's name for an adapter request, as vLLM."""
+    return renderer.served_model_name if lora is None else lora.lora_name
+
+
+def _for_remote(body: bytes, renderer: Renderer, lora: LoRARequest | None) -> bytes:
+    """The body for the render service: an adapter's model name becomes its base model's
+    (the service knows the base models, not the adapters loaded here at run time)."""
+    if lora is None:
+        return body
+    data = msgspec.json.decode(body)
+    data["model"] = renderer.served_model_name
+    return msgspec.json.encode(data)
+
+
 async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                stream: bool, decoder: TokenDecoder) -> EngineResponse:
+                stream: bool, decoder: TokenDecoder,
+                lora: LoRARequest | None = None) -> EngineResponse:
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
     routed = await _unless_client_leaves(st, receive, st.dispatcher.open(
-        gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
-        priority=gen.priority))
+        gen.request_id, gen.token_ids, gen.sampling_params, lora=lora,
+        cache_salt=gen.cache_salt, priority=gen.priority))
     st.router_metrics.prompt_tokens_tally.inc((), len(gen.token_ids))
     return EngineResponse(st, routed, spec, decoder, stream)
 
@@ -133,21 +156,22 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes,
                     arrival: float) -> EngineResponse:
     """A read chat completions body: render, route, open; its answer is the returned app."""
     req = decode_request(st.render.codecs.chat, body)
-    renderer = st.models.get(req.model)
+    renderer, lora = _target(st, req.model)
     if st.remote is not None:
-        gen = await st.remote.render_chat(body)
+        gen = await st.remote.render_chat(_for_remote(body, renderer, lora))
     else:
         gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
-    spec = _spec(CHAT, gen, renderer.served_model_name,
+    spec = _spec(CHAT, gen, _served(renderer, lora),
                  return_token_ids=bool(req.return_token_ids))
-    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
+    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival, lora)
 
 
 async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                  stream: bool, renderer: Renderer, arrival: float) -> EngineResponse:
+                  stream: bool, renderer: Renderer, arrival: float,
+                  lora: LoRARequest | None) -> EngineResponse:
     """Open the engine request and its response, timed from the request's arrival."""
     decoder = st.decoders[renderer.served_model_name]
-    resp = await _open(st, receive, gen, spec, stream, decoder)
+    resp = await _open(st, receive, gen, spec, stream, decoder, lora)
     resp.arrival = arrival
     return resp
 
@@ -156,13 +180,13 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes,
                           arrival: float) -> EngineResponse:
     """A read completions body: render (one or several prompts), route, open."""
     req = decode_request(st.render.codecs.completion, body)
-    renderer = st.models.get(req.model)
+    renderer, lora = _target(st, req.model)
     if st.remote is not None:
-        gens = await st.remote.render_completion(body)
+        gens = await st.remote.render_completion(_for_remote(body, renderer, lora))
     else:
         gens = await st.render.run(renderer, len(body), renderer.render_completion, req)
     specs = [
-        _spec(COMPLETION, gen, renderer.served_model_name,
+        _spec(COMPLETION, gen, _served(renderer, lora),
               echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
               if req.echo else None,
               return_token_ids=bool(req.return_token_ids))
@@ -170,20 +194,21 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes,
     ]
     if len(gens) == 1:
         return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
-                             arrival)
-    return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival)
+                             arrival, lora)
+    return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival,
+                                 lora)
 
 
 async def _answer_prompts(st: RouterState, receive: Receive, gens: list[GenerateRequest],
                           specs: list[PipelineSpec], stream: bool, renderer: Renderer,
-                          arrival: float) -> EngineResponse:
+                          arrival: float, lora: LoRARequest | None) -> EngineResponse:
     """Several prompts: each routed on its own, concurrently; answered as one response."""
     # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
     response_id = gens[0].request_id.rsplit("-", 1)[0]
     if response_id in st.active or any(g.request_id in st.active for g in gens):
         raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
     opened = await _unless_client_leaves(st, receive, asyncio.gather(*(
-        st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
+        st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params, lora=lora,
                            cache_salt=g.cache_salt, priority=g.priority)
         for g in gens), return_exceptions=True))
     parts = [r for r in opened if isinstance(r, Routed)]
@@ -210,7 +235,7 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes,
     """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text)
     out. The read body: decode and check it, route, open."""
     gen = decode_request(st.generate_decoder, body)
-    renderer = st.models.get(gen.model)
+    renderer, lora = _target(st, gen.model)
     vocab = renderer.vocab_size
     if not gen.token_ids:
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
@@ -221,11 +246,11 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes,
         raise BadRequestError(
             f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
             f"your request has {len(gen.token_ids)} input tokens.", "token_ids")
-    spec = _spec(GENERATE, gen, renderer.served_model_name, output_mode=gen.output_mode,
+    spec = _spec(GENERATE, gen, _served(renderer, lora), output_mode=gen.output_mode,
                  return_token_ids=bool(gen.return_token_ids),
                  prompt_token_ids=gen.token_ids if gen.return_token_ids else None)
     resp = await _open(st, receive, gen, spec, bool(gen.stream),
-                       st.decoders[renderer.served_model_name])
+                       st.decoders[renderer.served_model_name], lora)
     resp.arrival = arrival
     return resp
 
