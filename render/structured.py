@@ -306,6 +306,11 @@ class StructuredOutputs:
         else:
             self._auto(so)
             so._backend_was_auto = True
+        if so.json and ref_loop(_load_schema(so.json)):
+            # Both backends' checks pass such a schema; the engine's grammar then admits no
+            # token and vLLM's engine fails the request.
+            raise BadRequestError("The JSON schema's $ref chain refers only to itself, so no "
+                                  "value matches it.")
         check_one_constraint(so)
         return so
 
@@ -426,9 +431,7 @@ def _check_contents(so: StructuredOutputsParams) -> None:
         raise BadRequestError("structured_outputs.json cannot be an empty string")
     _check_nesting(so.json)
     _check_nesting(so.structural_tag, structural_tag=True)
-    if so.json and not isinstance(so.json, str) and ref_loop(so.json):
-        raise BadRequestError("The JSON schema's $ref chain refers only to itself, so no value "
-                              "matches it.")
+
     if so.json_object is False:
         raise BadRequestError("structured_outputs.json_object must be True if set; omit "
                               "structured_outputs to disable structured outputs")

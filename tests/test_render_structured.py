@@ -193,7 +193,9 @@ def _loop(key: str) -> bool:
     request (render refuses it)."""
     from render.structured_rules import ref_loop
 
-    schema = json.loads(key).get("json")
+    extra = json.loads(key)
+    schema = extra.get("json", extra.get("response_format", {}).get("json_schema", {}).get(
+        "schema"))
     return isinstance(schema, dict) and ref_loop(schema)
 
 
