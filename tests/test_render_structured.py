@@ -272,3 +272,29 @@ def test_bad_words_ids_match_vllm(family: str, mode: str) -> None:
             assert their["error"].startswith(ours["error"]), (family, ours, their)
         else:
             assert ours["bad_words_token_ids"] == their["bad_words_token_ids"], family
+
+
+def test_router_and_render_take_vllms_flag(tmp_path: Path) -> None:
+    from render.service.config import parse_args
+    from router.config import ConfigError
+    from router.main import parse
+
+    assert parse([]).structured_outputs == StructuredOutputsConfig()
+    assert parse(["--structured-outputs-config", '{"backend": "guidance"}']
+                 ).structured_outputs.backend == "guidance"
+    assert parse(["--structured-outputs-config.backend", "xgrammar"]
+                 ).structured_outputs.backend == "xgrammar"
+    toml = tmp_path / "router.toml"
+    toml.write_text('[structured_outputs]\nbackend = "guidance"\n')
+    assert parse(["--config", str(toml)]).structured_outputs.backend == "guidance"
+    for argv in (["--structured-outputs-config", '{"backend": "outlines"}'],
+                 ["--structured-outputs-config.backend", "nope"]):
+        with pytest.raises(ConfigError):
+            parse(argv)
+    toml.write_text('[structured_outputs]\nbackend = 3\n')
+    with pytest.raises(ConfigError, match="structured_outputs"):
+        parse(["--config", str(toml)])
+    assert parse_args(["--structured-outputs-config.backend", "guidance"]
+                      ).structured_outputs.backend == "guidance"
+    with pytest.raises(SystemExit):
+        parse_args(["--structured-outputs-config", "{"])
