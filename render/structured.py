@@ -306,7 +306,7 @@ class StructuredOutputs:
         else:
             self._auto(so)
             so._backend_was_auto = True
-        if so.json and ref_loop(_load_schema(so.json)):
+        if so.json and self._ref_loop(so.json):
             # Both backends' checks pass such a schema; the engine's grammar then admits no
             # token and vLLM's engine fails the request.
             raise BadRequestError("The JSON schema's $ref chain refers only to itself, so no "
@@ -320,6 +320,11 @@ class StructuredOutputs:
         resolved = self.resolve(StructuredOutputsParams(json=schema))
         assert resolved is not None
         return resolved
+
+    def _ref_loop(self, spec: str | dict[str, Any]) -> bool:
+        text = spec if isinstance(spec, str) else json.dumps(spec)
+        return self.verdicts.get("ref-loop", text, False,
+                                 lambda: "loop" if ref_loop(_load_schema(spec)) else "") != ""
 
     def _auto(self, so: StructuredOutputsParams) -> None:
         """vLLM's "auto": xgrammar if it takes the request, else guidance, else outlines."""
@@ -362,11 +367,9 @@ class StructuredOutputs:
             if not isinstance(schema, dict):
                 raise BadRequestError("Failed to transform json schema into a grammar: The "
                                       "schema should be a string or a Pydantic model.")
-            err = self._compile("json", json.dumps(schema), lenient=True)
-            if err and not xgrammar_shares_llguidance_error(err):
-                err = ""
-            if not err and xgrammar_json_refusal(schema, self._xgrammar_regex_ok):
-                err = "a bound or enum of the schema leaves nothing to generate"
+            text = json.dumps(schema)
+            err = self.verdicts.get("xgrammar-json", text, True,
+                                    lambda: self._xgrammar_json_error(schema, text))
             if err:
                 raise BadRequestError(f"Failed to transform json schema into a grammar: {err}")
             return
@@ -378,6 +381,15 @@ class StructuredOutputs:
         if so.structural_tag and check_structural_tag(so.structural_tag,
                                                       self._xgrammar_compiles) is not None:
             raise BadRequestError("Invalid structural tag specification.")
+
+    def _xgrammar_json_error(self, schema: dict[str, Any], text: str) -> str:
+        """"" if xgrammar is predicted to convert ``schema`` (``text``), else why not."""
+        err = self._compile("json", text, lenient=True)
+        if err and xgrammar_shares_llguidance_error(err):
+            return err
+        if xgrammar_json_refusal(schema, self._xgrammar_regex_ok):
+            return "a bound or enum of the schema leaves nothing to generate"
+        return ""
 
     def _xgrammar_regex_ok(self, pattern: str) -> bool:
         """Whether xgrammar reads a JSON schema's string ``pattern``: it refuses Unicode
