@@ -35,7 +35,8 @@ from render.protocol import (
     TokenizeResponse,
 )
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
-from render.structured import StructuredOutputs, StructuredOutputsConfig
+from render.structured import StructuredOutputs
+from render.structured_config import StructuredOutputsConfig
 from render.template import ChatTemplate, TemplateCache
 from render.token_json import TokenArray, TokenIds, join
 from wire.sampling import SamplingParams

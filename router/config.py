@@ -14,7 +14,7 @@ from typing import Any
 
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
-from render.structured import (
+from render.structured_config import (
     StructuredOutputsConfig,
     add_structured_outputs_arguments,
     structured_outputs_config,

@@ -24,11 +24,8 @@ from render import Renderer
 from render.bad_words import bad_words_token_ids
 from render.errors import BadRequestError
 from render.protocol import ChatCompletionRequest
-from render.structured import (
-    StructuredOutputs,
-    StructuredOutputsConfig,
-    parse_structured_outputs_config,
-)
+from render.structured import StructuredOutputs
+from render.structured_config import StructuredOutputsConfig, parse_structured_outputs_config
 from render.structured_rules import choice_as_grammar, grammar_is_likely_lark
 from tests.render_reference import FIXTURES, VLLM_PYTHON
 from tests.structured_corpus import cases

@@ -11,7 +11,7 @@ from typing import TextIO
 from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
-from render.structured import (
+from render.structured_config import (
     StructuredOutputsConfig,
     add_structured_outputs_arguments,
     structured_outputs_config,

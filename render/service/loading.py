@@ -17,7 +17,7 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
-from render.structured import StructuredOutputsConfig
+from render.structured_config import StructuredOutputsConfig
 from render.token_json import json_encoder
 
 
