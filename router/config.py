@@ -15,6 +15,11 @@ from typing import Any
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
 from render.service.lora_modules import LoRAModule, lora_modules
+from render.structured_config import (
+    StructuredOutputsConfig,
+    add_structured_outputs_arguments,
+    structured_outputs_config,
+)
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
 
@@ -195,6 +200,8 @@ class RouterConfig:
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's env switch
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING, read by from_args; or this key in the config file).
     allow_runtime_lora_updating: bool = False
+    # The engines' --structured-outputs-config (render/structured.py; TOML [structured_outputs]).
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -292,10 +299,13 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
         adapters = lora_modules(modules)
     except ValueError as exc:
         raise ConfigError(f"lora_modules: {exc}") from None
+    structured = _build(StructuredOutputsConfig, data.pop("structured_outputs", {}),
+                        "structured_outputs")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams, "link": link, "lora_modules": adapters},
+         "control": control, "streams": streams, "link": link, "lora_modules": adapters,
+         "structured_outputs": structured},
         "top level",
     )
 
@@ -375,6 +385,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-output-entries", type=int,
                         help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
                              "0: no limit)")
+    add_structured_outputs_arguments(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -481,6 +492,13 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits
+    if args.structured_outputs_json is not None or args.structured_outputs_backend is not None:
+        try:
+            flagged = structured_outputs_config(args.structured_outputs_json,
+                                                args.structured_outputs_backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        data["structured_outputs"] = {f.name: getattr(flagged, f.name) for f in fields(flagged)}
     try:
         return from_mapping(data)
     except ConfigError as exc:

@@ -218,7 +218,8 @@ def create_app(cfg: RouterConfig,
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
         models = Models(await asyncio.to_thread(
-            lambda: load_models([spec], limits=cfg.limits.request)), int(time.time()))
+            lambda: load_models([spec], limits=cfg.limits.request,
+                                structured_outputs=cfg.structured_outputs)), int(time.time()))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)
