@@ -1,4 +1,9 @@
-"""A local fleet for the demo, tests and benchmarks: the router on its own loop + sim engines."""
+"""A local fleet for the demo, tests and benchmarks: the router on its own loop + sim engines.
+
+Engines are linked over ZMQ (the router binds each handshake, the sims dial it) or, with
+``transport="http"``, over HTTP: each sim serves `vllm serve`'s endpoints (its HTTP face) on a
+port of its own, started first, and the router is given their URLs.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +21,14 @@ from typing import Any
 import httpx
 import msgspec
 
-from render.models import EMBEDDED_MODEL
+from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
 from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
 from serving.server import ROUTER_SERVER, bind_socket
-from sim.config import DEFAULT_MAX_MODEL_LEN, KVEventsConfig
+from sim.config import DEFAULT_MAX_MODEL_LEN, HttpFaceConfig, KVEventsConfig
+from sim.http.face import HttpFace
 from sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from sim.tokens import TokenTable
 
@@ -48,6 +54,9 @@ class ClusterOptions:
     # The router's context length when it must differ from the sims' (tests of an engine that
     # refuses what the router admits); None: the sims' own.
     router_max_model_len: int | None = None
+    # "zmq": headless engines dialling the router; "http": sims serving their HTTP face,
+    # reached by URL (as `vllm serve` pods).
+    transport: str = "zmq"
 
 
 class LocalCluster:
@@ -60,7 +69,9 @@ class LocalCluster:
         self.names = ([e.name for e in self.options.external] if self.options.external
                       else [f"engine-{i}" for i in range(self.options.engines)])
         self.threads: dict[str, SimEngineThread] = {}
+        self.faces: dict[str, HttpFace] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.urls: dict[str, str] = {}  # HTTP engines: name -> base URL
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -71,8 +82,12 @@ class LocalCluster:
         return f"ipc://{self.dir}/{name}.{kind}"
 
     def config(self) -> RouterConfig:
-        specs = self.options.external or tuple(
-            EngineSpec(n, self._address(n, "hs")) for n in self.names)
+        if self.options.external:
+            specs = self.options.external
+        elif self.options.transport == "http":
+            specs = tuple(EngineSpec(n, url=self.urls[n]) for n in self.names)
+        else:
+            specs = tuple(EngineSpec(n, self._address(n, "hs")) for n in self.names)
         model = self.options.model or RouterConfig().model
         # Router and sims agree on the context length, so no prompt the router admits fails on
         # an engine (external engines: the model's, as vLLM derives it).
@@ -111,6 +126,11 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
+        http = self.options.transport == "http" and not self.options.external
+        if http:  # pods first: the router is given their URLs
+            tokens = None if self.options.processes else TokenTable.from_model_dir(EMBEDDED_MODEL)
+            for name in self.names:
+                self.start_engine(name, tokens)
         cfg = self.config()
         sock = bind_socket(cfg.host, self.options.port)
         self.port = sock.getsockname()[1]
@@ -123,12 +143,15 @@ class LocalCluster:
         tokens = None
         if not self.options.processes and not self.options.external:
             tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
-        if not self.options.external:
+        if not self.options.external and not http:
             for name in self.names:
                 self.start_engine(name, tokens)
         self.wait_ready(self.options.ready_timeout, len(self.names))
 
     def start_engine(self, name: str, tokens: TokenTable | None = None) -> None:
+        if self.options.transport == "http":
+            self._start_http_engine(name, tokens)
+            return
         hs = self._address(name, "hs")
         if self.options.processes:
             args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
@@ -140,6 +163,38 @@ class LocalCluster:
             tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
                                                   **self.sim_options())
+
+    def _start_http_engine(self, name: str, tokens: TokenTable | None) -> None:
+        """A sim behind its HTTP face on a free port (a process prints the URL when ready)."""
+        if self.options.processes:
+            args = ["--port", "0", "--served-model-name", EMBEDDED_SERVED_NAME,
+                    "--enable-prompt-tokens-details",
+                    "--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
+            for key, value in self.sim_options().items():
+                args += [f"--{key.replace('_', '-')}", str(value)]
+            proc = spawn_sim_engine(None, args, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
+            self.procs[name] = proc
+            assert proc.stdout is not None
+            for raw in proc.stdout:  # its ready line (the process exits on failure: EOF)
+                line = raw.decode(errors="replace")
+                if "HTTP face on " in line:
+                    self.urls[name] = line.rsplit(" ", 1)[1].strip()
+                    break
+            else:
+                raise RuntimeError(f"sim engine {name} exited ({proc.wait()}) before serving")
+            return
+        face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, port=0,
+                              enable_prompt_tokens_details=True)
+        tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
+        thread = start_sim_engine(None, tokens, kv_events=self.kv_config(name), http=face,
+                                  **self.sim_options())
+        self.threads[name] = thread
+        self.faces[name] = http_face = HttpFace(thread.engine).start()
+        if not http_face.wait_ready() or http_face.error is not None:
+            raise RuntimeError(f"sim engine {name}'s HTTP face did not start: "
+                               f"{http_face.error!r}")
+        self.urls[name] = http_face.url
 
     def wait_ready(self, timeout: float, engines: int | None = None) -> None:
         """Until /ready answers and the router sees ``engines`` (default: all) ready."""
@@ -206,6 +261,8 @@ class LocalCluster:
                 self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(30)
+        for face in self.faces.values():
+            face.stop()
         for t in self.threads.values():
             t.stop()
         for p in self.procs.values():

@@ -23,7 +23,7 @@ import contextlib
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import httptools
 
@@ -66,8 +66,8 @@ class Connection(asyncio.Protocol):
     # ---- asyncio.Protocol ----
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.pool.loop.time()
