@@ -22,6 +22,7 @@ import httpx
 import msgspec
 
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
+from render.renderer import Renderer
 from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
@@ -55,7 +56,8 @@ class ClusterOptions:
     # refuses what the router admits); None: the sims' own.
     router_max_model_len: int | None = None
     # "zmq": headless engines dialling the router; "http": sims serving their HTTP face,
-    # reached by URL (as `vllm serve` pods).
+    # reached by URL (as `vllm serve` pods); "mixed": engine-0 over ZMQ, engine-1 over HTTP,
+    # and so on alternately.
     transport: str = "zmq"
 
 
@@ -72,6 +74,7 @@ class LocalCluster:
         self.faces: dict[str, HttpFace] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}  # HTTP engines: name -> base URL
+        self._renderer: Renderer | None = None  # the in-process faces' one render
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -84,10 +87,9 @@ class LocalCluster:
     def config(self) -> RouterConfig:
         if self.options.external:
             specs = self.options.external
-        elif self.options.transport == "http":
-            specs = tuple(EngineSpec(n, url=self.urls[n]) for n in self.names)
         else:
-            specs = tuple(EngineSpec(n, self._address(n, "hs")) for n in self.names)
+            specs = tuple(EngineSpec(n, url=self.urls[n]) if self.is_http(n)
+                          else EngineSpec(n, self._address(n, "hs")) for n in self.names)
         model = self.options.model or RouterConfig().model
         # Router and sims agree on the context length, so no prompt the router admits fails on
         # an engine (external engines: the model's, as vLLM derives it).
@@ -104,6 +106,11 @@ class LocalCluster:
                             control=control, streams=self.options.streams,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server)
+
+    def is_http(self, name: str) -> bool:
+        """Whether the router reaches this engine over HTTP (its sim serves an HTTP face)."""
+        transport = self.options.transport
+        return transport == "http" or (transport == "mixed" and self.names.index(name) % 2 == 1)
 
     def sim_options(self) -> dict[str, Any]:
         """The sims' SimConfig overrides, with the context length the router is given too."""
@@ -126,11 +133,12 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
-        http = self.options.transport == "http" and not self.options.external
-        if http:  # pods first: the router is given their URLs
-            tokens = None if self.options.processes else TokenTable.from_model_dir(EMBEDDED_MODEL)
-            for name in self.names:
-                self.start_engine(name, tokens)
+        pods = [] if self.options.external else [n for n in self.names if self.is_http(n)]
+        tokens = None
+        if not self.options.processes and not self.options.external:
+            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
+        for name in pods:  # pods first: the router is given their URLs
+            self.start_engine(name, tokens)
         cfg = self.config()
         sock = bind_socket(cfg.host, self.options.port)
         self.port = sock.getsockname()[1]
@@ -140,16 +148,14 @@ class LocalCluster:
         self._thread.start()
         if not started.wait(30):
             raise RuntimeError(f"router did not start: {self._error!r}")
-        tokens = None
-        if not self.options.processes and not self.options.external:
-            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
-        if not self.options.external and not http:
+        if not self.options.external:
             for name in self.names:
-                self.start_engine(name, tokens)
+                if name not in pods:
+                    self.start_engine(name, tokens)
         self.wait_ready(self.options.ready_timeout, len(self.names))
 
     def start_engine(self, name: str, tokens: TokenTable | None = None) -> None:
-        if self.options.transport == "http":
+        if self.is_http(name):
             self._start_http_engine(name, tokens)
             return
         hs = self._address(name, "hs")
@@ -186,11 +192,14 @@ class LocalCluster:
             return
         face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, port=0,
                               enable_prompt_tokens_details=True)
+        if self._renderer is None:
+            self._renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=EMBEDDED_SERVED_NAME,
+                                           max_model_len=self.sim_options()["max_model_len"])
         tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
         thread = start_sim_engine(None, tokens, kv_events=self.kv_config(name), http=face,
                                   **self.sim_options())
         self.threads[name] = thread
-        self.faces[name] = http_face = HttpFace(thread.engine).start()
+        self.faces[name] = http_face = HttpFace(thread.engine, self._renderer).start()
         if not http_face.wait_ready() or http_face.error is not None:
             raise RuntimeError(f"sim engine {name}'s HTTP face did not start: "
                                f"{http_face.error!r}")

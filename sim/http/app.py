@@ -93,16 +93,20 @@ def _state(request: Request) -> FaceState:
     return st
 
 
-def create_app(engine: SimEngine, on_ready: Callable[[], None] | None = None) -> Starlette:
+def create_app(engine: SimEngine, on_ready: Callable[[], None] | None = None,
+               renderer: Renderer | None = None) -> Starlette:
+    """The face's app; ``renderer``: one already loaded for this model (else loaded here)."""
     config = engine.config
     face = config.http
     assert face is not None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
-        renderer = await asyncio.to_thread(
-            Renderer.load, face.model_dir, served_model_name=face.served_model_name,
-            max_model_len=config.max_model_len)
+        nonlocal renderer
+        if renderer is None:
+            renderer = await asyncio.to_thread(
+                Renderer.load, face.model_dir, served_model_name=face.served_model_name,
+                max_model_len=config.max_model_len)
         link = FaceLink(engine)
         link.start()
         st = FaceState(engine, config, link, renderer, TokenDecoder(renderer.tokenizer),

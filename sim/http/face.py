@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from render.renderer import Renderer
 from serving.server import ServeOptions, bind_socket, serve_asgi
 from sim.engine import SimEngine
 from sim.http.app import create_app
@@ -19,11 +20,12 @@ READY_TIMEOUT = 120.0
 class HttpFace:
     """``start()`` serves the engine's face until ``stop()``; ``url`` is where."""
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, renderer: Renderer | None = None) -> None:
         face = engine.config.http
         if face is None:
             raise ValueError("the engine's config has no HTTP face (SimConfig.http)")
         self.engine = engine
+        self.renderer = renderer  # shared by faces in one process (else each loads its own)
         self.options = ServeOptions(server="uvicorn", keep_alive_timeout=face.keep_alive_timeout,
                                     graceful_timeout=1.0, error_log=False)
         self.sock = bind_socket(face.host, face.port)
@@ -56,7 +58,7 @@ class HttpFace:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         stop = self._stop = asyncio.Event()
-        app = create_app(self.engine, on_ready=self.ready.set)
+        app = create_app(self.engine, on_ready=self.ready.set, renderer=self.renderer)
         await serve_asgi(app, self.sock, self.options, stop.wait)
 
     def stop(self, timeout: float = 10.0) -> None:
