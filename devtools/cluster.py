@@ -282,6 +282,8 @@ class LocalCluster:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(10)
+            if p.stdout is not None:  # an HTTP sim's, read for its ready line
+                p.stdout.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 
