@@ -49,6 +49,7 @@ class ClusterOptions:
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
+    served_model_name: str | None = None  # the router's name for it (default: render's)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
     port: int = 0  # the router's port on 127.0.0.1 (0: any free one)
@@ -101,6 +102,7 @@ class LocalCluster:
             control = dataclasses.replace(control, ipc_dir=str(self.dir))
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
+                            served_model_name=self.options.served_model_name,
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
