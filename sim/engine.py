@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,9 @@ class SimEngine:
         # The HTTP face's two inproc sockets (it connects its own to these addresses).
         self.face_input = f"inproc://sim-face-in-{id(self):x}"
         self.face_output = f"inproc://sim-face-out-{id(self):x}"
+        # Run first when the engine closes, while its context still lives (the HTTP face
+        # stops its server and closes its sockets of this context there).
+        self.on_close: list[Callable[[], None]] = []
         self._face_in: zmq.Socket[bytes] | None = None
         self._face_out: zmq.Socket[bytes] | None = None
         if config.http is not None:
@@ -224,6 +228,11 @@ class SimEngine:
             hs.close(linger=0)
 
     def _close(self, io: EngineSockets | None) -> None:
+        for callback in self.on_close:
+            try:
+                callback()
+            except Exception:
+                log.exception("a close callback failed")
         if self._monitor is not None:
             assert io is not None
             io.inputs[0].disable_monitor()

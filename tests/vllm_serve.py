@@ -39,9 +39,6 @@ SERVE_FLAGS: tuple[str, ...] = (
     "--dtype", "bfloat16",
     "--enforce-eager",  # skips the torch.compile warm-up; the API is the same
     "--enable-scale-out",  # the token-in API of an ordinary pod
-    # Usage reports the prompt's cached tokens, as kvroute's router always does: the oracle's
-    # answers carry the same usage, and a router over HTTP reads the pod's cache hits here.
-    "--enable-prompt-tokens-details",
 )
 
 

@@ -40,8 +40,15 @@ from render.protocol import (
     decode_request,
 )
 from render.renderer import Renderer
+from render.sampling_checks import check_sampling
 from serving.body import JSON, read_body
-from serving.errors import APIError, BadRequestError, EngineOutputError, ModelNotFoundError
+from serving.errors import (
+    APIError,
+    BadRequestError,
+    EngineOutputError,
+    InvalidJSONError,
+    ModelNotFoundError,
+)
 from serving.http_errors import ErrorPath
 from sim.config import SimConfig
 from sim.engine import SimEngine
@@ -140,14 +147,16 @@ async def generate(request: Request) -> Response:
     body = await read_body(request, MAX_BODY)
     gen = decode_request(_GENERATE, body)
     _check_model(st, gen.model)
+    # vLLM's request validation (pydantic): its 400 says "Bad Request".
     if not gen.token_ids:
-        raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
+        raise InvalidJSONError("token_ids must hold at least one token id.", "body.token_ids")
     if min(gen.token_ids) < 0:
-        raise BadRequestError("token_ids must not contain negative values", "token_ids")
+        raise InvalidJSONError("token_ids must not contain negative values", "body.token_ids")
     if gen.output_mode != "tokens":
         raise BadRequestError("the simulated engine answers output_mode 'tokens' only",
                               "output_mode")
     params = gen.sampling_params
+    check_sampling(params, "sampling_params.")
     if "max_tokens" not in msgspec.json.decode(body, type=_Keys).sampling_params:
         params.max_tokens = max(st.config.max_model_len - len(gen.token_ids), 1)
     request_id = POD_PREFIX + (gen.request_id or uuid.uuid4().hex[:16])

@@ -36,6 +36,8 @@ class HttpFace:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="sim-http-face", daemon=True)
+        # The face's sockets live in the engine's context: it stops before the engine closes.
+        engine.on_close.append(self.stop)
 
     def start(self) -> HttpFace:
         self._thread.start()
@@ -68,4 +70,5 @@ class HttpFace:
                 loop.call_soon_threadsafe(stop.set)
             except RuntimeError:  # the loop closed meanwhile
                 pass
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
