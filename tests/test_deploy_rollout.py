@@ -26,8 +26,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.chart import EXAMPLES, FULL, NAMESPACE, Rendered, expand, local_files, localize
-from tests.chart import pod_env, render
+from tests.chart import (
+    EXAMPLES,
+    FULL,
+    NAMESPACE,
+    Rendered,
+    expand,
+    local_files,
+    localize,
+    pod_env,
+    render,
+)
 from tests.fake_kube import FakeKube
 from tests.http_pods import Pods
 from tests.procs import Proc, kvroute_env, started
