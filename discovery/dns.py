@@ -57,7 +57,7 @@ class DnsSource:
             except FAILED as exc:
                 self.failures += 1
                 log.warning("DNS discovery: resolution failed; keeping the engines found last",
-                            extra={"name": self.options.name, "error": repr(exc)})
+                            extra={"dns_name": self.options.name, "error": repr(exc)})
             else:
                 self.resolutions += 1
                 yield found
