@@ -5,7 +5,7 @@ the packages import the same way: ``wire`` and ``radix`` import nothing of ours;
 library only the wire types and the error tree (``serving.errors``, which imports nothing of
 ours); the output pipeline the wire types, render's library and the error tree; the simulated
 engine only the wire types, and to find and read a model's files (the embedded model, a Hub id,
-its context length) render's model-file helpers, lazily.
+its context length) render's model-file helpers, lazily; engine discovery nothing of ours.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "devtools", "kvroute"}
+OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "discovery", "devtools",
+        "kvroute"}
 
 # package (a folder, dotted) -> the packages of ours it may import; the most specific key wins.
 ALLOWED: dict[str, set[str]] = {
@@ -28,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "serving.errors": {"serving.errors"},
     "output": {"output", "wire", "render", "serving.errors"},
     "sim": {"sim", "wire", "render.models", "render.model_files", "render.hub"},
-    "router": {"router", "wire", "radix", "render", "serving", "output"},
+    "discovery": {"discovery"},
+    "router": {"router", "wire", "radix", "render", "serving", "output", "discovery"},
     "devtools": OURS - {"kvroute"},
     "kvroute": OURS,
 }

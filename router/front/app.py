@@ -46,6 +46,7 @@ from router.link.engine_client import EngineClient, EngineStatus
 from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
 from router.routing.dispatch import Dispatcher
+from router.routing.drain import Drains
 from router.routing.fleet import Fleet
 from router.routing.policy import Policy
 from serving.errors import (
@@ -229,11 +230,13 @@ def create_app(cfg: RouterConfig,
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
         dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
+        drains = Drains(fleet, dispatcher)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
         st = RouterState(
             config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
-            index=index, dispatcher=dispatcher, fleet=fleet, lifecycle=lifecycle,
+            index=index, dispatcher=dispatcher, fleet=fleet, drains=drains, discovery=None,
+            lifecycle=lifecycle,
             router_metrics=metrics, decoders=decoders,
             generate_decoder=msgspec.json.Decoder(GenerateRequest))
         # For in-process tools (demo, tests): the same object the handlers see.
@@ -255,6 +258,7 @@ def create_app(cfg: RouterConfig,
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await drains.close()
             await kv.close()
             await client.close()
             if remote is not None:

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
     from router.kvfeed.kv_subscriber import KVSubscriber
     from router.link.engine_client import EngineClient
     from router.obs.metrics import RouterMetrics
+    from router.routing.discovered import Reconciler
     from router.routing.dispatch import Dispatcher, Routed
+    from router.routing.drain import Drains
     from router.routing.fleet import Fleet
 
 STATE_KEY = "kvroute.router"
@@ -72,6 +74,8 @@ class RouterState:
     index: PrefixIndex
     dispatcher: Dispatcher
     fleet: Fleet
+    drains: Drains  # drain-then-remove of engines (admin DELETE, discovery)
+    discovery: Reconciler | None  # engines found by [discovery], None without
     lifecycle: Lifecycle
     router_metrics: RouterMetrics
     decoders: dict[str, TokenDecoder]  # by served model name
