@@ -193,21 +193,63 @@ async def test_an_unreachable_api_server_keeps_the_engines(kube: FakeKube,
 NAMES = ("p0", "p1", "p2", "p3")
 IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4", None)
 LABELS = ({"app": "engine"}, {"app": "else"}, {"app": "engine", "tier": "x"})
-OPS = st.one_of(
-    st.tuples(st.just("add"), st.sampled_from(NAMES), st.sampled_from(IPS), st.booleans(),
-              st.sampled_from(range(len(LABELS)))),
-    st.tuples(st.just("ip"), st.sampled_from(NAMES), st.sampled_from(IPS)),
-    st.tuples(st.just("ready"), st.sampled_from(NAMES), st.booleans()),
-    st.tuples(st.just("labels"), st.sampled_from(NAMES), st.sampled_from(range(len(LABELS)))),
-    st.tuples(st.just("terminate"), st.sampled_from(NAMES)),
-    st.tuples(st.just("delete"), st.sampled_from(NAMES)),
-    st.tuples(st.just("drop"), st.booleans()),
-    st.tuples(st.just("expire")),
-    st.tuples(st.just("compact")),
-    st.tuples(st.just("bookmark")),
-    st.tuples(st.just("fail"), st.sampled_from([410, 500])),
-    st.tuples(st.just("settle")),
-)
+def histories(names: tuple[str, ...] = NAMES, min_size: int = 0,
+              max_size: int = 25) -> st.SearchStrategy[list[tuple[Any, ...]]]:
+    """Sequences of pod changes and watch faults over ``names``, with waits for the source to
+    catch up in between (so intermediate states are reached, not only the last one)."""
+    name = st.sampled_from(names)
+    op = st.one_of(
+        st.tuples(st.just("add"), name, st.sampled_from(IPS), st.booleans(),
+                  st.sampled_from(range(len(LABELS)))),
+        st.tuples(st.just("ip"), name, st.sampled_from(IPS)),
+        st.tuples(st.just("ready"), name, st.booleans()),
+        st.tuples(st.just("labels"), name, st.sampled_from(range(len(LABELS)))),
+        st.tuples(st.just("terminate"), name),
+        st.tuples(st.just("delete"), name),
+        st.tuples(st.just("drop"), st.booleans()),
+        st.tuples(st.just("expire")),
+        st.tuples(st.just("compact")),
+        st.tuples(st.just("bookmark")),
+        st.tuples(st.just("fail"), st.sampled_from([410, 500])),
+    )
+    return st.lists(st.one_of(op, st.just(("settle",))), min_size=min_size, max_size=max_size)
+
+
+async def apply_op(kube: FakeKube, source: KubernetesSource, follower: Follower | None,
+                   op: tuple[Any, ...]) -> None:
+    """One step of a history: a pod change (on a pod not there yet, it is created first),
+    a watch fault, or (with a follower) a wait until the source has caught up."""
+    kind, args = op[0], op[1:]
+    name: Any = args[0] if args and args[0] in NAMES else None
+    if name is not None and name not in kube.pods and kind != "add":
+        kube.add_pod(name, "127.0.0.5")  # a pod to change: it is there first
+    if kind == "add":
+        _, ip, ready, labels = args
+        if name in kube.pods:
+            kube.delete_pod(name)
+        kube.add_pod(name, ip, ready=ready, labels=LABELS[labels])
+    elif kind == "ip":
+        kube.update_pod(name, ip=args[1])
+    elif kind == "ready":
+        kube.update_pod(name, ready=args[1])
+    elif kind == "labels":
+        kube.update_pod(name, labels=LABELS[args[1]])
+    elif kind == "terminate":
+        kube.update_pod(name, deleting=True)
+    elif kind == "delete":
+        kube.delete_pod(name)
+    elif kind == "drop":
+        kube.drop_watches(clean=args[0])
+    elif kind == "expire":
+        kube.expire_watches()
+    elif kind == "compact":
+        kube.compact()
+    elif kind == "bookmark":
+        kube.bookmark()
+    elif kind == "fail":
+        kube.fail_next(1, args[0])
+    elif kind == "settle" and follower is not None:
+        await synced(kube, source, follower)
 
 
 async def _scenario(tmp: Path, ops: list[tuple[Any, ...]]) -> None:
@@ -215,43 +257,13 @@ async def _scenario(tmp: Path, ops: list[tuple[Any, ...]]) -> None:
         source = _source(kube, tmp)
         async with Follower(source) as f:
             for op in ops:
-                kind, args = op[0], op[1:]
-                name: Any = args[0] if args and args[0] in NAMES else None
-                if name is not None and name not in kube.pods and kind != "add":
-                    kube.add_pod(name, "127.0.0.5")  # a pod to change: it is there first
-                if kind == "add":
-                    _, ip, ready, labels = args
-                    if name in kube.pods:
-                        kube.delete_pod(name)
-                    kube.add_pod(name, ip, ready=ready, labels=LABELS[labels])
-                elif kind == "ip":
-                    kube.update_pod(name, ip=args[1])
-                elif kind == "ready":
-                    kube.update_pod(name, ready=args[1])
-                elif kind == "labels":
-                    kube.update_pod(name, labels=LABELS[args[1]])
-                elif kind == "terminate":
-                    kube.update_pod(name, deleting=True)
-                elif kind == "delete":
-                    kube.delete_pod(name)
-                elif kind == "drop":
-                    kube.drop_watches(clean=args[0])
-                elif kind == "expire":
-                    kube.expire_watches()
-                elif kind == "compact":
-                    kube.compact()
-                elif kind == "bookmark":
-                    kube.bookmark()
-                elif kind == "fail":
-                    kube.fail_next(1, args[0])
-                elif kind == "settle":
-                    await synced(kube, source, f)
+                await apply_op(kube, source, f, op)
                 await asyncio.sleep(0)  # let the source take some of it
             await synced(kube, source, f)
             assert f.engines == expected(kube.pods)
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(OPS, max_size=25))
+@given(ops=histories(min_size=4))
 def test_any_history_converges_to_the_pods(tmp_path: Path, ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(_scenario(tmp_path, ops))

@@ -115,7 +115,9 @@ class Reconciler:
                                               "max_engines": self.max_engines})
             return
         self.counters.held_back.discard(name)
-        engine = _free_name(name, linked)
+        # A name is taken until its engine's removal has finished: the fleet unlinks it first,
+        # then drops its KV feed.
+        engine = _free_name(name, linked.keys() | self.drains.tasks.keys())
         self.fleet.join(self.spec_for(engine, endpoint))
         self.live[name] = Incarnation(engine, endpoint.url)
         self.counters.joins += 1

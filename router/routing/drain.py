@@ -44,7 +44,7 @@ class Drains:
         """From now on no request is placed on ``name``; its running requests get ``timeout``
         seconds to finish, then it is removed. A drain already running is returned as is."""
         task = self.tasks.get(name)
-        if task is not None:
+        if task is not None and not task.done():  # a done one's callback has yet to run
             return task
         self.dispatcher.draining.add(name)
         task = asyncio.get_running_loop().create_task(self._run(name, timeout),
@@ -57,7 +57,7 @@ class Drains:
         """Take a draining engine back into service; False if it is not draining or its
         removal has begun."""
         task = self.tasks.get(name)
-        if task is None or name in self.removing:
+        if task is None or task.done() or name in self.removing:
             return False
         del self.tasks[name]
         self.dispatcher.draining.discard(name)
