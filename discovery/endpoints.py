@@ -68,15 +68,25 @@ def apply(engines: dict[str, Endpoint], change: Change) -> None:
         engines[change.endpoint.name] = change.endpoint
 
 
-async def changes(source: Source) -> AsyncGenerator[Change, None]:
-    """The source's snapshots as changes, starting from the empty set."""
+async def batches(source: Source) -> AsyncGenerator[list[Change], None]:
+    """The source's snapshots as changes, starting from the empty set: one non-empty batch per
+    snapshot that differs from the one before (a relist's changes come together)."""
     seen: dict[str, Endpoint] = {}
     async with contextlib.aclosing(source.snapshots()) as snapshots:
         async for snapshot in snapshots:
             current = dict(snapshot)
-            for change in diff(seen, current):
-                yield change
+            batch = diff(seen, current)
             seen = current
+            if batch:
+                yield batch
+
+
+async def changes(source: Source) -> AsyncGenerator[Change, None]:
+    """The source's snapshots as changes, one by one."""
+    async with contextlib.aclosing(batches(source)) as stream:
+        async for batch in stream:
+            for change in batch:
+                yield change
 
 
 def base_url(scheme: str, host: str, port: int) -> str:

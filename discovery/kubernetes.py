@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import httpx2
-from lightkube import ApiError, AsyncClient, KubeConfig, NotReadyError, operators
+from lightkube import ApiError, AsyncClient, KubeConfig, NotReadyError, SingleConfig, operators
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.resources.core_v1 import Pod
 
@@ -68,24 +68,26 @@ class BookmarkTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def kube_config(options: KubernetesOptions) -> KubeConfig:
-    """The kubeconfig file named in the options, else the in-cluster service account."""
-    if options.kubeconfig is not None:
-        return KubeConfig.from_file(options.kubeconfig)
-    return KubeConfig.from_service_account()
-
-
-def make_client(options: KubernetesOptions) -> AsyncClient:
-    config = kube_config(options).get(options.context)
+def kube_config(options: KubernetesOptions) -> SingleConfig:
+    """The kubeconfig file's context named in the options, else the in-cluster service
+    account; raises (lightkube's ConfigError, OSError, ValueError) when there is none."""
+    loaded = (KubeConfig.from_file(options.kubeconfig) if options.kubeconfig is not None
+              else KubeConfig.from_service_account())
+    config = loaded.get(options.context)
     if config is None:
         raise ValueError(f"kubeconfig {options.kubeconfig}: no context {options.context!r}")
-    # The transport replaces lightkube's default one, so it verifies the server as that one
-    # would: lightkube's own TLS context for this kubeconfig (CA, client certificate).
     if config.user is None:
         raise ValueError(f"kubeconfig {options.kubeconfig}: the context names no user")
+    return config
+
+
+def make_client(config: SingleConfig, namespace: str) -> AsyncClient:
+    # The transport replaces lightkube's default one, so it verifies the server as that one
+    # would: lightkube's own TLS context for this kubeconfig (CA, client certificate).
+    assert config.user is not None, "kube_config checks it"
     tls = verify_cluster(config.cluster, config.user, config.abs_file)
     transport = BookmarkTransport(httpx2.AsyncHTTPTransport(verify=tls))
-    return AsyncClient(config, namespace=options.namespace, transport=transport)
+    return AsyncClient(config, namespace=namespace, transport=transport)
 
 
 def _operator(r: Requirement) -> operators.Operator[Any]:
@@ -139,11 +141,11 @@ def _gone(exc: Exception) -> bool:
 class KubernetesSource:
     """Pods matching the selector in one namespace, as a stream of engine sets."""
 
-    def __init__(self, options: KubernetesOptions, client: AsyncClient | None = None) -> None:
+    def __init__(self, options: KubernetesOptions) -> None:
         self.options = options
         self.selector = Selector.parse(options.selector)
-        self.client = client or make_client(options)
-        self.namespace = options.namespace or self.client.namespace
+        self.config = kube_config(options)  # read now: a bad kubeconfig fails at startup
+        self.namespace = options.namespace or self.config.namespace
         self.pods: dict[str, Endpoint] = {}  # by pod name: the pods with an address
         # The last version seen: of the last LIST, event or bookmark.
         self.resource_version: str | None = None
@@ -151,14 +153,16 @@ class KubernetesSource:
         self._portless: set[str] = set()  # pods already warned about (no such named port)
 
     async def snapshots(self) -> AsyncGenerator[EngineSet, None]:
+        """Each call starts afresh (a new client, a LIST first)."""
+        client = make_client(self.config, self.namespace)
         delay = self.options.retry_min
         try:
             while True:
                 try:
-                    await self._relist()
+                    await self._relist(client)
                     delay = self.options.retry_min
                     yield dict(self.pods)
-                    async with contextlib.aclosing(self._watch()) as watch:
+                    async with contextlib.aclosing(self._watch(client)) as watch:
                         async for _ in watch:
                             yield dict(self.pods)
                     continue  # lightkube ends a watch only by raising; relist if it did not
@@ -174,15 +178,15 @@ class KubernetesSource:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, self.options.retry_max)
         finally:
-            await self.client.close()
+            await client.close()
 
     def _failed(self, exc: Exception) -> None:
         self.counters.errors += 1
         log.warning("Kubernetes discovery: list/watch failed; keeping the engines found last "
                     "and relisting", extra={"namespace": self.namespace, "error": repr(exc)})
 
-    async def _relist(self) -> None:
-        listing = self.client.list(Pod, namespace=self.namespace,
+    async def _relist(self, client: AsyncClient) -> None:
+        listing = client.list(Pod, namespace=self.namespace,
                                    labels=lightkube_labels(self.selector))
         pods: dict[str, Endpoint] = {}
         async for pod in listing:
@@ -194,10 +198,10 @@ class KubernetesSource:
         self.resource_version = version
         self.counters.lists += 1
 
-    async def _watch(self) -> AsyncGenerator[None, None]:
+    async def _watch(self, client: AsyncClient) -> AsyncGenerator[None, None]:
         """Applies the watch's events from the current version; yields after each change."""
         timeout = int(self.options.watch_timeout * (1 + random.random()))
-        events = cast(AsyncGenerator[tuple[str, Pod], None], self.client.watch(
+        events = cast(AsyncGenerator[tuple[str, Pod], None], client.watch(
             Pod, namespace=self.namespace, labels=lightkube_labels(self.selector),
             resource_version=self.resource_version, server_timeout=timeout))
         async with contextlib.aclosing(events):

@@ -185,10 +185,11 @@ def launch(engines: Sequence[EngineProc], timeout: float) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whichever test first asks for the session's vLLM engine pays its start: give every such
+    """Whichever test first asks for a session's vLLM process pays its start: give every such
     test room for it (pytest-timeout counts fixture setup), unless it set its own timeout."""
     for item in items:
-        if "vllm_engine" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+        names = getattr(item, "fixturenames", ())
+        if ("vllm_engine" in names or "vllm_serve" in names) and not item.get_closest_marker(
             "timeout"
         ):
             item.add_marker(pytest.mark.timeout(VLLM_START_TIMEOUT + 300))

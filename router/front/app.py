@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from discovery.sources import open_source
 from output.detokenize import TokenDecoder
 from output.sse import RAW_SEND
 from radix import PrefixIndex
@@ -42,9 +43,13 @@ from router.front.render_client import RenderClient
 from router.front.state import STATE_KEY as ROUTER_KEY
 from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
-from router.link.engine_client import EngineClient, EngineStatus
+from router.link.engine_client import EngineClient
+from router.link.engine_state import EngineStatus
+from router.link.http_client import HttpEngineClient
+from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
+from router.routing.discovered import Reconciler, http_spec
 from router.routing.dispatch import Dispatcher
 from router.routing.drain import Drains
 from router.routing.fleet import Fleet
@@ -171,7 +176,7 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(body, media_type=PROMETHEUS)
 
 
-def _engine_snapshot(client: EngineClient) -> Callable[[], dict[str, dict[str, float]]]:
+def _engine_snapshot(client: EngineLinks) -> Callable[[], dict[str, dict[str, float]]]:
     def read() -> dict[str, dict[str, float]]:
         out = {}
         for name, eng in client.engines.items():
@@ -208,6 +213,9 @@ def create_app(cfg: RouterConfig,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
+        # First, before any socket: a kubeconfig or service account that cannot be read fails
+        # the startup.
+        source = open_source(cfg.discovery.source) if cfg.discovery is not None else None
         models = Models(await asyncio.to_thread(
             lambda: load_models([spec], limits=cfg.limits.request)), int(time.time()))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
@@ -216,9 +224,14 @@ def create_app(cfg: RouterConfig,
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after,
-                              max_msg_size=cfg.link.max_output_msg_bytes,
-                              allowed_peers=cfg.link.allowed_peers)
+        client = EngineLinks(
+            cfg.engines,
+            EngineClient(client_index=cfg.link.client_index,
+                         dead_after=cfg.limits.engine_dead_after,
+                         max_msg_size=cfg.link.max_output_msg_bytes,
+                         allowed_peers=cfg.link.allowed_peers),
+            HttpEngineClient(cfg.link, dead_after=cfg.limits.engine_dead_after,
+                             max_logprobs=cfg.limits.max_logprobs))
         await client.start()
         kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes)
         await kv.start()
@@ -233,9 +246,15 @@ def create_app(cfg: RouterConfig,
         drains = Drains(fleet, dispatcher)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
+        discovery = None
+        if cfg.discovery is not None and source is not None:
+            discovery = Reconciler(fleet, drains, http_spec,
+                                   drain_timeout=cfg.discovery.drain_timeout,
+                                   max_engines=cfg.control.max_engines)
+            tasks.append(asyncio.create_task(discovery.run(source), name="discovery"))
         st = RouterState(
             config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
-            index=index, dispatcher=dispatcher, fleet=fleet, drains=drains, discovery=None,
+            index=index, dispatcher=dispatcher, fleet=fleet, drains=drains, discovery=discovery,
             lifecycle=lifecycle,
             router_metrics=metrics, decoders=decoders,
             generate_decoder=msgspec.json.Decoder(GenerateRequest))

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
-from discovery.endpoints import Change, ChangeKind, Endpoint, Source, apply, changes
+from discovery.endpoints import Change, ChangeKind, Endpoint, Source, apply, batches
 from router.config import EngineSpec
 from router.routing.drain import Drains, Removal
 from router.routing.fleet import Fleet
@@ -37,6 +37,13 @@ from router.routing.fleet import Fleet
 log = logging.getLogger("kvroute.discovery")
 
 SpecFor = Callable[[str, Endpoint], EngineSpec]  # (engine name, endpoint) -> its spec
+RESTART_DELAY = 1.0
+
+
+def http_spec(engine: str, endpoint: Endpoint) -> EngineSpec:
+    """A discovered engine is a `vllm serve` pod: reached at its URL over HTTP, its KV events
+    found through its ``/kv_event_sources``."""
+    return EngineSpec(engine, url=endpoint.url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +80,21 @@ class Reconciler:
         self.counters = DiscoveryCounters()
 
     async def run(self, source: Source) -> None:
-        async with contextlib.aclosing(changes(source)) as stream:
-            async for change in stream:
-                self.counters.changes += 1
-                _log_change(change)
-                apply(self.wanted, change)
-                self.reconcile()
+        """Follow the source for the life of the app. A failure here is a bug: it is logged
+        and the source followed afresh (its first snapshot is the whole set again)."""
+        while True:
+            self.wanted = {}
+            try:
+                async with contextlib.aclosing(batches(source)) as stream:
+                    async for batch in stream:
+                        for change in batch:
+                            self.counters.changes += 1
+                            _log_change(change)
+                            apply(self.wanted, change)
+                        self.reconcile()
+            except Exception:
+                log.exception("discovery failed; following the source afresh")
+            await asyncio.sleep(RESTART_DELAY)
 
     def engines(self) -> dict[str, Incarnation]:
         """The serving engine of each endpoint (draining ones excluded)."""
