@@ -156,6 +156,7 @@ class KubernetesSource:
         """Each call starts afresh (a new client, a LIST first)."""
         client = make_client(self.config, self.namespace)
         delay = self.options.retry_min
+        expired_again = False  # a 410 straight after a relist: back off, as for any error
         try:
             while True:
                 try:
@@ -164,8 +165,9 @@ class KubernetesSource:
                     yield dict(self.pods)
                     async with contextlib.aclosing(self._watch(client)) as watch:
                         async for _ in watch:
+                            expired_again = False
                             yield dict(self.pods)
-                    continue  # lightkube ends a watch only by raising; relist if it did not
+                    # lightkube re-opens a watch the server ends; it stops only by raising.
                 except (httpx2.HTTPError, OSError, ValueError, NotReadyError) as exc:
                     # ValueError: a body that does not decode (msgspec's errors are ValueErrors).
                     if _gone(exc):
@@ -173,8 +175,11 @@ class KubernetesSource:
                         log.info("Kubernetes discovery: watch version expired (410); relisting",
                                  extra={"namespace": self.namespace,
                                         "resource_version": self.resource_version})
-                        continue
-                    self._failed(exc)
+                        if not expired_again:
+                            expired_again = True
+                            continue
+                    else:
+                        self._failed(exc)
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, self.options.retry_max)
         finally:
@@ -187,7 +192,7 @@ class KubernetesSource:
 
     async def _relist(self, client: AsyncClient) -> None:
         listing = client.list(Pod, namespace=self.namespace,
-                                   labels=lightkube_labels(self.selector))
+                              labels=lightkube_labels(self.selector))
         pods: dict[str, Endpoint] = {}
         async for pod in listing:
             endpoint = self._endpoint(pod)

@@ -111,6 +111,9 @@ def test_the_router_follows_the_pods(rig: Rig) -> None:
     eventually(lambda: other not in rig.listed())  # the old incarnation is removed
     assert c.state.discovery is not None
     assert c.state.discovery.counters.joins == 4  # p0, p1, p2, other at its new address
+    lines = ("kvroute_discovery_joins_total 4.0", "kvroute_discovery_engines 2.0",
+             "kvroute_discovery_endpoints 2.0", "kvroute_discovery_removals_total 2.0")
+    eventually(lambda: all(line in rig.http.get("/metrics").text for line in lines))
 
 
 def test_not_ready_drains_and_ready_again_rebuilds_the_index_from_replay(rig: Rig) -> None:

@@ -252,6 +252,7 @@ def create_app(cfg: RouterConfig,
                                    drain_timeout=cfg.discovery.drain_timeout,
                                    max_engines=cfg.control.max_engines)
             tasks.append(asyncio.create_task(discovery.run(source), name="discovery"))
+            metrics.watch_discovery(discovery.snapshot)
         st = RouterState(
             config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
             index=index, dispatcher=dispatcher, fleet=fleet, drains=drains, discovery=discovery,

@@ -96,6 +96,18 @@ class Reconciler:
                 log.exception("discovery failed; following the source afresh")
             await asyncio.sleep(RESTART_DELAY)
 
+    def snapshot(self) -> dict[str, float]:
+        """For /metrics (router/obs/metrics.py, ``watch_discovery``)."""
+        c = self.counters
+        return {"discovery_endpoints": float(len(self.wanted)),
+                "discovery_ready_endpoints": float(sum(e.ready for e in self.wanted.values())),
+                "discovery_engines": float(len(self.live)),
+                "discovery_draining": float(len(self.leaving)),
+                "discovery_held_back": float(len(c.held_back)),
+                "discovery_changes": float(c.changes), "discovery_joins": float(c.joins),
+                "discovery_drains": float(c.drains), "discovery_taken_back": float(c.taken_back),
+                "discovery_removals": float(c.removed)}
+
     def engines(self) -> dict[str, Incarnation]:
         """The serving engine of each endpoint (draining ones excluded)."""
         return dict(self.live)
