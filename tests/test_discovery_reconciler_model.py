@@ -18,9 +18,11 @@ from discovery.endpoints import Endpoint
 from discovery.kubernetes import KubernetesSource
 from discovery.options import KubernetesOptions
 from radix import PrefixIndex
-from router.config import EngineSpec
+from router.config import EngineSpec, LinkConfig
 from router.kvfeed.kv_subscriber import KVSubscriber
 from router.link.engine_client import EngineClient
+from router.link.http_client import HttpEngineClient
+from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
 from router.routing.discovered import Reconciler
@@ -36,7 +38,7 @@ from tests.waits import arrives
 async def _scenario(ops: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory(prefix="kvr-") as tmp, FakeKube() as kube:
         index = PrefixIndex(max_blocks=1000)
-        client = EngineClient([])
+        client = EngineLinks([], EngineClient(), HttpEngineClient(LinkConfig()))
         await client.start()
         kv = KVSubscriber(index)
         await kv.start()
@@ -82,7 +84,7 @@ async def _scenario(ops: list[tuple[Any, ...]]) -> None:
             await client.close()
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=histories(("p0", "p1"), min_size=6, max_size=20))
 def test_the_fleet_converges_to_the_ready_pods(ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(_scenario(ops))

@@ -146,8 +146,17 @@ class Reconciler:
         # A name is taken until its engine's removal has finished: the fleet unlinks it first,
         # then drops its KV feed.
         engine = _free_name(name, linked.keys() | self.drains.tasks.keys())
-        self.fleet.join(self.spec_for(engine, endpoint))
+        # Tracked before it joins: an engine linked by a join that then failed is still ours
+        # (drained when it leaves), and one not linked is tried again at the next reconcile.
         self.live[name] = Incarnation(engine, endpoint.url)
+        try:
+            self.fleet.join(self.spec_for(engine, endpoint))
+        except Exception:
+            log.exception("discovered engine could not join", extra={
+                "endpoint": name, "engine": engine, "url": endpoint.url})
+            if engine not in linked:
+                del self.live[name]
+            return
         self.counters.joins += 1
         log.info("discovered engine joins", extra={"endpoint": name, "engine": engine,
                                                    "url": endpoint.url})
