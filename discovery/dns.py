@@ -52,8 +52,17 @@ class DnsSource:
 
     async def snapshots(self) -> AsyncGenerator[EngineSet, None]:
         while True:
+            # The resolution runs as a task of its own: dnspython waits with asyncio.wait_for,
+            # which on Python 3.11 can swallow a cancellation that lands as its answer
+            # arrives, and a source must stop when it is closed.
+            resolution = asyncio.ensure_future(self.resolve())
+            resolution.add_done_callback(_retrieve)
             try:
-                found = await self.resolve()
+                await asyncio.wait({resolution})
+            finally:
+                resolution.cancel()
+            try:
+                found = resolution.result()
             except FAILED as exc:
                 self.failures += 1
                 log.warning("DNS discovery: resolution failed; keeping the engines found last",
@@ -109,6 +118,12 @@ class DnsSource:
             name = label if labels.count(label) == 1 else f"{label}:{port}"
             found[name] = Endpoint(name, base_url(self.options.scheme, addresses[0], port))
         return found
+
+
+def _retrieve(task: asyncio.Future[dict[str, Endpoint]]) -> None:
+    """A resolution left behind by a closed source may still fail: its error is not news."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _host_port(address: str, port: int) -> str:

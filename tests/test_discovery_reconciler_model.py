@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 from discovery.endpoints import Endpoint
 from discovery.kubernetes import KubernetesSource
@@ -84,7 +84,20 @@ async def _scenario(ops: list[tuple[Any, ...]]) -> None:
             await client.close()
 
 
+MOVED = [("add", "p0", "127.0.0.2", True, 0), ("settle",), ("ip", "p0", "127.0.0.3"),
+         ("settle",)]
+FLAP = [("add", "p0", "127.0.0.2", True, 0), ("settle",), ("ready", "p0", False),
+        ("ready", "p0", True), ("settle",), ("ready", "p0", False), ("settle",),
+        ("ready", "p0", True)]
+BACK = [("add", "p0", "127.0.0.2", True, 0), ("settle",), ("delete", "p0"), ("settle",),
+        ("add", "p0", "127.0.0.2", True, 0), ("expire",), ("delete", "p0"),
+        ("add", "p0", "127.0.0.4", True, 0)]
+
+
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@example(ops=MOVED)
+@example(ops=FLAP)
+@example(ops=BACK)
 @given(ops=histories(("p0", "p1"), min_size=6, max_size=20))
 def test_the_fleet_converges_to_the_ready_pods(ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(_scenario(ops))
