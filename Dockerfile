@@ -22,6 +22,7 @@ COPY output output
 COPY radix radix
 COPY router router
 COPY sim sim
+COPY discovery discovery
 COPY devtools devtools
 COPY kvroute kvroute
 # The project's own install step, as ./dev runs it, without -e and without the test extra.
