@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from discovery.selector import Selector
 from router.front.app import PROBES
 from router.routing.policy import POLICIES
 from tests.chart import CHART, EXAMPLES, FULL, NAMESPACE, Rendered, helm, render, template_args
@@ -64,8 +65,6 @@ def test_pods_the_routers_find_the_chart_s_engines_with_a_role_to_watch_them() -
 
 
 def test_pods_of_your_own_found_by_your_selector_in_their_namespace() -> None:
-    from discovery.selector import Selector
-
     r = render(EXAMPLE["pods-large"])
     assert not [k for k in r.objs if k == ("Deployment", f"{FULL}-engine")]
     discovery = _toml(r)["discovery"]
