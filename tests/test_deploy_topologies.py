@@ -108,6 +108,15 @@ def test_grace_periods_cover_the_drains() -> None:
             assert drain >= shutdown
 
 
+def test_render_s_grace_covers_its_server_s_graceful_timeout() -> None:
+    from serving.server import ServeOptions
+
+    r = render(EXAMPLE["render-only"])
+    pre = r.container(f"{FULL}-render")["lifecycle"]["preStop"]["sleep"]["seconds"]
+    grace = r.pod(f"{FULL}-render")["spec"]["terminationGracePeriodSeconds"]
+    assert grace > pre + ServeOptions(server="uvicorn").graceful_timeout  # render sets none
+
+
 def test_probes_hit_real_routes() -> None:
     r = render(None, "render.enabled=true")
     router = r.container(f"{FULL}-router")
