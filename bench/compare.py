@@ -218,18 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     spec = Spec(MODEL, a.rate, a.seconds, scale=a.scale)
     print(f"== {len(workloads)} workloads x {len(routers)} routers on {a.engines} sim engines, "
           f"{a.seconds:.0f} s at {a.rate:g} req/s each (logs in {logs})", file=sys.stderr)
-    fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs)
+    zmq = "kvroute-zmq" in (*routers, *rss_routers)
+    fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=zmq)
     result: dict[str, Any] = {"runs": {}, "rss_growth": {}}
     progress = Progress(len(workloads) * len(routers) + len(rss_routers) + 1)
     try:
         progress.start("fleet")
         fleet.start()
-        # The engines serve nothing before a ZMQ frontend has linked them: one does, once.
-        boot = Running(launch("kvroute-zmq", fleet, None), logs / "fleet-link.log")
-        try:
-            boot.wait_ready()
-        finally:
-            boot.stop()
+        if zmq:  # such engines serve nothing before a ZMQ frontend linked them: one does, once
+            boot = Running(launch("kvroute-zmq", fleet, None), logs / "fleet-link.log")
+            try:
+                boot.wait_ready()
+            finally:
+                boot.stop()
         fleet.wait_healthy()
         progress.done(f"{a.engines} engines up")
         for i, wl_name in enumerate(workloads):

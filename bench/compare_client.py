@@ -2,7 +2,9 @@
 
 Each request is sent at its time in the schedule (open loop: a slow router does not slow the
 sender) on an idle keep-alive connection, or a new one. A streamed answer is read chunk by chunk:
-TTFT is the time to the first SSE ``data:`` event, latency the time to the stream's end. An HTTP
+TTFT is the time to the first chunk carrying generated text (a chat delta with non-empty
+``content``; the role-only first event some servers send before any token does not count),
+latency the time to the stream's end. An HTTP
 client library would spend about a millisecond of CPU per request here, on the same two cores
 as the routers under test (see bench/httpload.py).
 """
@@ -49,6 +51,17 @@ class _Pool:
             writer.close()
 
 
+def _has_token(chunk: bytes) -> bool:
+    """A chat delta with text in it (``"content":"x``), as any of the servers writes it."""
+    for marker in (b'"content":"', b'"content": "'):
+        i = chunk.find(marker)
+        while i >= 0:
+            if chunk[i + len(marker):i + len(marker) + 1] != b'"':
+                return True
+            i = chunk.find(marker, i + 1)
+    return False
+
+
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes,
                     t0: float) -> tuple[int, float, bool, bytes]:
     """Send one request; (status, ttft, keep-alive, error body)."""
@@ -75,18 +88,18 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
                 await reader.readuntil(b"\r\n")
                 break
             chunk = await reader.readexactly(size + 2)
-            if ttft != ttft and b"data:" in chunk:
+            if ttft != ttft and _has_token(chunk):
                 ttft = time.perf_counter() - t0
             if status >= 300 and len(body) < 2000:
                 body += chunk
     elif length is not None:
         body = await reader.readexactly(length)
-        if b"data:" in body:
+        if _has_token(body):
             ttft = time.perf_counter() - t0
     else:  # no length: the body runs to the connection's end
         body = await reader.read()
         keep = False
-        if b"data:" in body:
+        if _has_token(body):
             ttft = time.perf_counter() - t0
     return status, ttft, keep, body
 

@@ -10,6 +10,7 @@ The fleet is started once and shared by every run: before a run its prefix cache
 counters read, after the run read again. An engine waits for a ZMQ frontend before it serves
 anything, so the fleet links a kvroute router over ZMQ once at start; engines never give up on a
 frontend that left (``--frontend-gone-timeout 0``), and each later ZMQ router re-adopts them.
+Without a ZMQ router in the comparison the engines serve their HTTP face only.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class Engine:
     handshake_port: int
     kv_port: int
     replay_port: int
+    input_port: int
+    output_port: int
     proc: subprocess.Popen[bytes] | None = None
     ps: psutil.Process | None = None
 
@@ -90,8 +93,14 @@ class Engine:
     def handshake(self) -> str:
         return f"tcp://127.0.0.1:{self.handshake_port}"
 
-    def zmq_flag(self) -> str:
-        return f"{self.name}={self.handshake},kv={self.kv},replay={self.replay}"
+    def zmq_flag(self, block_size: int) -> str:
+        """kvroute's --engine for this engine over ZMQ. Its input/output addresses are fixed,
+        so a later router binding them re-adopts the running engine (which handshakes once);
+        the KV endpoints are the engine's (it binds them) and the block size is given, as a
+        re-adopted engine sends no ready map."""
+        return (f"{self.name}={self.handshake},input=tcp://127.0.0.1:{self.input_port},"
+                f"output=tcp://127.0.0.1:{self.output_port},kv=tcp://*:{self.kv_port},"
+                f"replay=tcp://*:{self.replay_port},block_size={block_size}")
 
 
 @dataclass
@@ -100,12 +109,13 @@ class Fleet:
     timing: SimTiming
     engines: list[Engine] = field(default_factory=list)
     logs: Path | None = None
+    zmq: bool = True  # serve the ZMQ face too (else HTTP only: ready without a ZMQ frontend)
 
     @classmethod
-    def plan(cls, n: int, model: str, timing: SimTiming, logs: Path) -> Fleet:
-        ports = free_ports(4 * n)
-        engines = [Engine(f"e{i}", *ports[4 * i:4 * i + 4]) for i in range(n)]
-        return cls(model, timing, engines, logs)
+    def plan(cls, n: int, model: str, timing: SimTiming, logs: Path, zmq: bool = True) -> Fleet:
+        ports = free_ports(6 * n)
+        engines = [Engine(f"e{i}", *ports[6 * i:6 * i + 6]) for i in range(n)]
+        return cls(model, timing, engines, logs, zmq)
 
     def start(self, timeout: float = 300.0) -> None:
         assert self.logs is not None
@@ -113,7 +123,8 @@ class Fleet:
         for e in self.engines:
             kv = {"enable_kv_cache_events": True, "publisher": "zmq",
                   "endpoint": f"tcp://*:{e.kv_port}", "replay_endpoint": f"tcp://*:{e.replay_port}"}
-            cmd = [*KVROUTE, "sim-engine", "--handshake-address", e.handshake,
+            zmq = ["--handshake-address", e.handshake] if self.zmq else []
+            cmd = [*KVROUTE, "sim-engine", *zmq,
                    "--port", str(e.http_port), "--served-model-name", self.model,
                    "--kv-events-config", json.dumps(kv), "--frontend-gone-timeout", "0",
                    "--handshake-timeout", str(timeout), *self.timing.flags()]

@@ -51,7 +51,8 @@ def launch(name: str, fleet: Fleet, anchors: Anchors | None) -> Launch:
         cmd = [*KVROUTE, "router", *common, "--served-model-name", fleet.model,
                "--log-level", "WARNING"]
         if name == "kvroute-zmq":
-            cmd += [a for e in fleet.engines for a in ("--engine", e.zmq_flag())]
+            cmd += [a for e in fleet.engines
+                    for a in ("--engine", e.zmq_flag(fleet.timing.block_size))]
         else:
             cmd += [a for e in fleet.engines for a in ("--engine", f"{e.name}={e.url}")]
         cmd += ["--policy", "round_robin" if name == "kvroute-rr" else "cache_aware"]
