@@ -51,7 +51,7 @@ class SimTiming:
     num_gpu_blocks: int = 2048
     block_size: int = 16
     step_time: float = 0.004
-    prefill_time_per_token: float = 4e-5
+    prefill_time_per_token: float = 1e-4
     decode_time_per_seq: float = 2e-4
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 8192

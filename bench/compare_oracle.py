@@ -12,7 +12,8 @@ Why this oracle: it differs from kvroute cache_aware only in what it knows (the 
 are at decision time, not as KV events and optimistic notes predict them), so the hit-rate ratio
 to it measures how much kvroute's prediction loses; a "route to the longest true hit" rule would
 instead measure a different load policy. It is a bench tool: its own CPU and latency are not
-compared (it asks every engine per request).
+targets (it asks every engine per request), but it speaks raw HTTP (bench/compare_http.py) so
+that its own CPU does not queue requests and change what it routes.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-import httpx  # noqa: E402
 import msgspec  # noqa: E402
+from compare_http import RawPool  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import Response, StreamingResponse  # noqa: E402
@@ -71,20 +72,20 @@ class Oracle:
         self.urls = urls
         self.renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=model)
         self.policy = Policy(PolicyConfig(name="cache_aware"), TrueCaches({}))
-        self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(
-            max_connections=1024, max_keepalive_connections=256))
+        self.pools = {u: RawPool(*_host_port(u)) for u in urls}
         self.in_flight = dict.fromkeys(urls, 0)
         self.pending = dict.fromkeys(urls, 0)  # uncached prompt tokens not past their prefill
 
-    async def cached(self, url: str, tokens: list[int]) -> int:
-        r = await self.http.post(url + "/sim/prefix_cache/match",
-                                 json={"prompt_token_ids": tokens})
-        r.raise_for_status()
-        return int(r.json()["cached_tokens"])
+    async def cached(self, url: str, body: bytes) -> int:
+        status, answer = await self.pools[url].post("/sim/prefix_cache/match", body)
+        if status != 200:
+            raise RuntimeError(f"{url}/sim/prefix_cache/match answered {status}: {answer[:200]!r}")
+        return int(_MATCH.decode(answer).cached_tokens)
 
     async def choose(self, body: bytes) -> tuple[str, int]:
         tokens = list(self.renderer.render_chat(_CHAT.decode(body)).token_ids)
-        hits = await asyncio.gather(*(self.cached(u, tokens) for u in self.urls))
+        query = _ENCODER.encode({"prompt_token_ids": tokens})
+        hits = await asyncio.gather(*(self.cached(u, query) for u in self.urls))
         self.policy.index = TrueCaches(dict(zip(self.urls, hits, strict=True)))
         loads = [EngineLoad(u, self.in_flight[u], self.pending[u]) for u in self.urls]
         decision = self.policy.choose(tokens, None, loads, time.monotonic())
@@ -95,14 +96,17 @@ class Oracle:
         url, uncached = await self.choose(body)
         self.in_flight[url] += 1
         self.pending[url] += uncached
-        req = self.http.build_request("POST", url + "/v1/chat/completions", content=body,
-                                      headers={"content-type": "application/json"})
-        resp = await self.http.send(req, stream=True)
+        try:
+            status, ctype, answer = await self.pools[url].stream("/v1/chat/completions", body)
+        except BaseException:
+            self.in_flight[url] -= 1
+            self.pending[url] -= uncached
+            raise
 
         async def relay() -> AsyncIterator[bytes]:
             first = True
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in answer:
                     if first:
                         self.pending[url] -= uncached
                         first = False
@@ -111,10 +115,25 @@ class Oracle:
                 if first:
                     self.pending[url] -= uncached
                 self.in_flight[url] -= 1
-                await resp.aclose()
 
-        return StreamingResponse(relay(), status_code=resp.status_code,
-                                 media_type=resp.headers.get("content-type"))
+        return StreamingResponse(relay(), status_code=status, media_type=ctype.decode())
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+
+class _Match(msgspec.Struct):
+    cached_tokens: int
+
+
+_MATCH = msgspec.json.Decoder(_Match)
+_ENCODER = msgspec.json.Encoder()
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, _, port = url.removeprefix("http://").rstrip("/").rpartition(":")
+    return host, int(port)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
-        await oracle.http.aclose()
+        oracle.close()
 
     app = Starlette(routes=[Route("/v1/chat/completions", oracle.chat, methods=["POST"]),
                             Route("/health", health, methods=["GET"])], lifespan=lifespan)
