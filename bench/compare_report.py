@@ -184,10 +184,11 @@ def plot(result: dict[str, Any], out: Path) -> None:
     ax.set_title("CPU ms per request, mean over workloads", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)
-    axes[0][0].legend(fontsize=7, ncol=2)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
     fig.suptitle(f"kvroute vs SGLang Model Gateway vs vllm-router, {result['meta']['engines']} "
                  f"simulated engines ({result['meta']['started']} UTC)", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)
