@@ -24,7 +24,15 @@ import msgspec
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
 from render.renderer import Renderer
 from render.service.lora_modules import LoRAModule
-from router.config import Control, EngineSpec, Limits, LinkConfig, RouterConfig, StreamLimits
+from router.config import (
+    Control,
+    DiscoveryConfig,
+    EngineSpec,
+    Limits,
+    LinkConfig,
+    RouterConfig,
+    StreamLimits,
+)
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
@@ -66,6 +74,8 @@ class ClusterOptions:
     # reached by URL (as `vllm serve` pods); "mixed": engine-0 over ZMQ, engine-1 over HTTP,
     # and so on alternately.
     transport: str = "zmq"
+    # Engines found at run time ([discovery]); with engines=0 the router starts with none.
+    discovery: DiscoveryConfig | None = None
 
 
 class LocalCluster:
@@ -112,7 +122,7 @@ class LocalCluster:
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
-                            link=self.options.link,
+                            link=self.options.link, discovery=self.options.discovery,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server,
                             lora_modules=self.options.lora_modules,
@@ -226,7 +236,8 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         with httpx.Client(base_url=self.base_url, timeout=5) as http:
             while time.monotonic() < deadline:
-                if self.ready_engines() >= want and http.get("/ready").status_code == 200:
+                if self.ready_engines() >= want and (
+                        want == 0 or http.get("/ready").status_code == 200):
                     return
                 time.sleep(0.05)  # polling a remote state with a deadline, not synchronising
         raise TimeoutError(f"{want} engines not ready after {timeout}s")

@@ -13,9 +13,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from discovery.options import KINDS, SourceOptions
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
 from render.service.lora_modules import LoRAModule, lora_modules
+from render.structured_config import (
+    StructuredOutputsConfig,
+    add_structured_outputs_arguments,
+    structured_outputs_config,
+)
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
 
@@ -250,6 +256,24 @@ class LinkConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """``[discovery]``: engines found by a source (discovery/) join the fleet at run time; those
+    that leave (deleted, not ready, moved) are drained, then removed (docs/operations.md)."""
+
+    source: SourceOptions
+    # A leaving engine's running requests get this long to finish; what is left is cut.
+    drain_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.drain_timeout < 0:
+            raise ValueError(f"drain_timeout must be 0 or more, got {self.drain_timeout}")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k, cls in KINDS.items() if isinstance(self.source, cls))
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -267,6 +291,7 @@ class RouterConfig:
     api_key: str | None = field(default=None, repr=False)  # kept out of the repr (logs)
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    discovery: DiscoveryConfig | None = None
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
@@ -276,6 +301,8 @@ class RouterConfig:
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's env switch
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING, read by from_args; or this key in the config file).
     allow_runtime_lora_updating: bool = False
+    # The engines' --structured-outputs-config (render/structured.py; TOML [structured_outputs]).
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -381,12 +408,41 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
         adapters = lora_modules(modules)
     except ValueError as exc:
         raise ConfigError(f"lora_modules: {exc}") from None
+    structured = _build(StructuredOutputsConfig, data.pop("structured_outputs", {}),
+                        "structured_outputs")
+    discovery = _discovery(data.pop("discovery", None))
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams, "link": link, "lora_modules": adapters},
+         "control": control, "streams": streams, "link": link, "lora_modules": adapters,
+         "structured_outputs": structured, "discovery": discovery},
         "top level",
     )
+
+
+def _discovery(table: Any) -> DiscoveryConfig | None:
+    """``[discovery]``: ``kind`` picks the source, ``drain_timeout`` is the router's, every
+    other key is the source's (discovery/options.py)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("discovery: expected a table")
+    data = dict(table)
+    kind = data.pop("kind", None)
+    if kind not in KINDS:
+        raise ConfigError(f"discovery: kind must be one of {sorted(KINDS)}, got {kind!r}")
+    where = f"discovery ({kind})"
+    router_keys = {k: data.pop(k) for k in ("drain_timeout",) if k in data}
+    for key in ("urls", "nameservers"):
+        if key in data:
+            if not isinstance(data[key], list | tuple) or not all(
+                    isinstance(v, str) for v in data[key]):
+                raise ConfigError(f"{where}: {key} must be a list of strings")
+            data[key] = tuple(data[key])
+    if isinstance(data.get("port"), str) and data["port"].isdigit():
+        data["port"] = int(data["port"])
+    source = _build(KINDS[kind], data, where)
+    return _build(DiscoveryConfig, {"source": source, **router_keys}, "discovery")  # type: ignore[no-any-return]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -451,6 +507,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engines.add_argument("--engine-api-key-file",
                          help="file holding the key HTTP engines (`vllm serve --api-key`) "
                               "require (or env KVROUTE_ENGINE_API_KEY)")
+    found = parser.add_argument_group("discovery (engines found at run time)")
+    found.add_argument("--discovery", choices=sorted(KINDS),
+                       help="find engines (`vllm serve` pods) with this source; the rest of "
+                            "[discovery] in the config file, or the flags below")
+    found.add_argument("--discovery-selector", metavar="SELECTOR",
+                       help="kubernetes: the pods' label selector, e.g. app=vllm")
+    found.add_argument("--discovery-namespace", metavar="NS",
+                       help="kubernetes: the pods' namespace (default: the router's own)")
+    found.add_argument("--discovery-port", metavar="PORT",
+                       help="kubernetes: a container port name or number; dns: a number (A/AAAA "
+                            "records) or the Service's port name (SRV records)")
+    found.add_argument("--discovery-name", metavar="NAME",
+                       help="dns: the (headless) Service's DNS name")
+    found.add_argument("--discovery-url", action="append", default=[], metavar="[NAME=]URL",
+                       help="static: an engine's base URL (repeatable)")
+    found.add_argument("--kubeconfig", metavar="FILE",
+                       help="kubernetes: a kubeconfig file (default: the in-cluster account)")
     routing = parser.add_argument_group("routing")
     routing.add_argument("--policy", choices=POLICIES, help="default cache_aware")
     routing.add_argument("--load-weight", type=float)
@@ -474,6 +547,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-output-entries", type=int,
                         help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
                              "0: no limit)")
+    add_structured_outputs_arguments(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -588,15 +662,43 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, flag) is not None:
             policy[key] = getattr(args, flag)
     data["policy"] = policy
+    discovery = _discovery_flags(args, data.get("discovery"))
+    if discovery is not None:
+        data["discovery"] = discovery
     limits = dict(data.get("limits", {}))
     for key in ("max_in_flight_per_engine", "max_queue", "max_body_bytes", "max_n",
                 "max_logprobs", "max_stop_strings", "max_stop_bytes", "max_output_entries"):
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits
+    if args.structured_outputs_json is not None or args.structured_outputs_backend is not None:
+        try:
+            flagged = structured_outputs_config(args.structured_outputs_json,
+                                                args.structured_outputs_backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        data["structured_outputs"] = {f.name: getattr(flagged, f.name) for f in fields(flagged)}
     try:
         return from_mapping(data)
     except ConfigError as exc:
         if args.config:
             raise ConfigError(f"config file {args.config}: {exc}") from None
         raise
+
+
+def _discovery_flags(args: argparse.Namespace, table: Any) -> dict[str, Any] | None:
+    """``[discovery]`` with the discovery flags applied over it (a ``--discovery`` of another
+    kind starts from an empty table)."""
+    flags = {"selector": args.discovery_selector, "namespace": args.discovery_namespace,
+             "port": args.discovery_port, "name": args.discovery_name,
+             "kubeconfig": args.kubeconfig, "urls": args.discovery_url or None}
+    given = {k: v for k, v in flags.items() if v is not None}
+    if table is None and args.discovery is None:
+        if given:
+            raise ConfigError(f"--discovery-* and --kubeconfig need --discovery or a "
+                              f"[discovery] table (given: {', '.join(sorted(given))})")
+        return None
+    data = dict(table) if isinstance(table, dict) else {}
+    if args.discovery is not None and data.get("kind") != args.discovery:
+        data = {"kind": args.discovery}
+    return {**data, **given}

@@ -7,6 +7,7 @@ ours); the output pipeline the wire types, render's library and the error tree; 
 engine only the wire types, and to find and read a model's files (the embedded model, a Hub id,
 its context length) render's model-file helpers, lazily; its HTTP face (``sim.http``, loaded
 only when asked for) renders and answers as `vllm serve` does, with render, output and serving.
+Engine discovery imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "devtools", "kvroute"}
+OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "discovery", "devtools",
+        "kvroute"}
 
 # package (a folder, dotted) -> the packages of ours it may import; the most specific key wins.
 ALLOWED: dict[str, set[str]] = {
@@ -32,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     # The HTTP face speaks `vllm serve`'s API: it renders, answers through the output pipeline
     # and serves on the project's HTTP server, as the router does (imported only with --port).
     "sim.http": {"sim", "wire", "render", "output", "serving"},
-    "router": {"router", "wire", "radix", "render", "serving", "output"},
+    "discovery": {"discovery"},
+    "router": {"router", "wire", "radix", "render", "serving", "output", "discovery"},
     "devtools": OURS - {"kvroute"},
     "kvroute": OURS,
 }

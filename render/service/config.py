@@ -12,6 +12,11 @@ from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.lora_modules import LoRAModule, lora_modules
+from render.structured_config import (
+    StructuredOutputsConfig,
+    add_structured_outputs_arguments,
+    structured_outputs_config,
+)
 from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
 DEFAULT_PORT = 8100
@@ -65,6 +70,8 @@ class ServerConfig:
     max_output_entries: int = DEFAULT_LIMITS.max_output_entries
     # LoRA adapters whose model names render with their base model (--lora-modules).
     lora_modules: tuple[LoRAModule, ...] = ()
+    # vLLM's --structured-outputs-config: keep it equal to the engines' (render/structured.py).
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -188,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most n x max_tokens x (logprobs + 1) per request (0: no limit)")
     s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
                    help="larger request bodies are refused with 413")
+    add_structured_outputs_arguments(p)
     r = p.add_argument_group("where renders run")
     r.add_argument("--offload-bytes", type=int, default=DEFAULT_OFFLOAD_BYTES,
                    help="bodies up to this size always render on the event loop")
@@ -241,12 +249,18 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--max-output-entries", a.max_output_entries, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
+    try:
+        structured = structured_outputs_config(a.structured_outputs_json,
+                                               a.structured_outputs_backend)
+    except ValueError as e:
+        p.error(str(e))
     if a.http_server not in TAKES_SOCKET and a.workers > 1:
         # It binds from an address: worker processes cannot share the parent's socket.
         p.error(f"--http-server {a.http_server} serves one process: use --workers 1")
     # Every other field has a flag of its name (switch_interval has none: it keeps its default).
     flags = {f.name: getattr(a, f.name) for f in fields(ServerConfig) if hasattr(a, f.name)}
-    return ServerConfig(**{**flags, "models": models, "lora_modules": adapters})
+    return ServerConfig(**{**flags, "models": models, "lora_modules": adapters,
+                           "structured_outputs": structured})
 
 
 def resolve_spec(spec: ModelSpec, progress: TextIO | None = sys.stderr) -> ModelSpec:

@@ -18,6 +18,7 @@ from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
 from render.service.lora_modules import LoRAModule
+from render.structured_config import StructuredOutputsConfig
 from render.token_json import json_encoder
 
 
@@ -35,7 +36,8 @@ class Codecs:
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
                 limits: RequestLimits = DEFAULT_LIMITS,
-                lora_modules: Iterable[LoRAModule] = ()) -> ModelRegistry:
+                lora_modules: Iterable[LoRAModule] = (),
+                structured_outputs: StructuredOutputsConfig | None = None) -> ModelRegistry:
     """The renderers of ``specs``, in order (the first is the default model); each LoRA
     module's name is an alias of its base model (``base_model_name`` when that is served, else
     the first model, as vLLM parents an adapter)."""
@@ -48,6 +50,7 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
             max_model_len=spec.max_model_len,
             allow_request_chat_template=allow_request_chat_template,
             limits=limits,
+            structured_outputs=structured_outputs,
         )
         for spec in specs
     ])

@@ -166,7 +166,8 @@ def create_app(cfg: ServerConfig, *,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, RenderState]]:
         registry = await asyncio.to_thread(
             load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
-            limits=cfg.request_limits, lora_modules=cfg.lora_modules)
+            limits=cfg.request_limits, lora_modules=cfg.lora_modules,
+            structured_outputs=cfg.structured_outputs)
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.

@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from discovery.sources import open_source
 from output.detokenize import TokenDecoder
 from output.sse import RAW_SEND
 from radix import PrefixIndex
@@ -52,7 +53,9 @@ from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.adapters import Adapters
 from router.routing.admission import Admission
+from router.routing.discovered import Reconciler, http_spec
 from router.routing.dispatch import Dispatcher
+from router.routing.drain import Drains
 from router.routing.fleet import Fleet
 from router.routing.policy import Policy
 from serving.errors import (
@@ -220,8 +223,12 @@ def create_app(cfg: RouterConfig,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
+        # First, before any socket: a kubeconfig or service account that cannot be read fails
+        # the startup.
+        source = open_source(cfg.discovery.source) if cfg.discovery is not None else None
         models = Models(await asyncio.to_thread(
-            lambda: load_models([spec], limits=cfg.limits.request)), int(time.time()))
+            lambda: load_models([spec], limits=cfg.limits.request,
+                                structured_outputs=cfg.structured_outputs)), int(time.time()))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)
@@ -255,11 +262,20 @@ def create_app(cfg: RouterConfig,
         metrics.watch_kv_events(fleet.kv_snapshot)
         dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics,
                                 adapters=adapters)
+        drains = Drains(fleet, dispatcher)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
+        discovery = None
+        if cfg.discovery is not None and source is not None:
+            discovery = Reconciler(fleet, drains, http_spec,
+                                   drain_timeout=cfg.discovery.drain_timeout,
+                                   max_engines=cfg.control.max_engines)
+            tasks.append(asyncio.create_task(discovery.run(source), name="discovery"))
+            metrics.watch_discovery(discovery.snapshot)
         st = RouterState(
             config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
-            index=index, dispatcher=dispatcher, fleet=fleet, lifecycle=lifecycle,
+            index=index, dispatcher=dispatcher, fleet=fleet, drains=drains, discovery=discovery,
+            lifecycle=lifecycle,
             router_metrics=metrics, decoders=decoders,
             generate_decoder=msgspec.json.Decoder(GenerateRequest), adapters=adapters)
         # For in-process tools (demo, tests): the same object the handlers see.
@@ -281,6 +297,7 @@ def create_app(cfg: RouterConfig,
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await drains.close()
             await adapters.close()
             await kv.close()
             await client.close()

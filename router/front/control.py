@@ -13,11 +13,9 @@ configured directory and never onto an existing file that is not a socket.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
 import stat
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,15 +24,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.config import Control, EngineSpec
-from router.front.state import RouterState, router_state
+from router.front.state import router_state
 from serving.body import json_response, read_body
 from serving.errors import APIError, BadRequestError, NotFoundError
 
 MAX_JOIN_BODY = 64 * 1024
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# How often a drain looks at the engine's requests (a drain takes seconds, not milliseconds).
-DRAIN_POLL = 0.05
 
 
 class JoinEngine(msgspec.Struct, forbid_unknown_fields=True):
@@ -188,28 +184,11 @@ async def list_engines(request: Request) -> Response:
 async def remove_engine(request: Request) -> Response:
     """Drain the engine (no new request goes to it; its running ones get
     ``control.remove_drain_timeout`` to finish), then unlink it; what is left ends with an
-    error."""
+    error (router/routing/drain.py)."""
     st = router_state(request.scope["state"])
     name = request.path_params["name"]
     if name not in st.client.engines or name in st.dispatcher.draining:
         raise NotFoundError(f"no engine {name!r} (or it is being removed)", "name")
-    st.dispatcher.draining.add(name)
-    try:
-        drained = await _drain(st, name, st.config.control.remove_drain_timeout)
-        left = st.client.engines[name].num_in_flight
-        await st.fleet.remove(name)
-    finally:
-        st.dispatcher.draining.discard(name)
-    return json_response(st.render.codecs.encoder,
-                         {"name": name, "removed": True, "drained": drained, "cut": left})
-
-
-async def _drain(st: RouterState, name: str, timeout: float) -> bool:
-    """Wait until no request holds a slot on the engine; False if ``timeout`` ran out first."""
-    admission = st.dispatcher.admission
-    deadline = time.monotonic() + timeout
-    while admission.in_flight(name) or st.client.engines[name].num_in_flight:
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(DRAIN_POLL)
-    return True
+    removal = await st.drains.start(name, st.config.control.remove_drain_timeout)
+    return json_response(st.render.codecs.encoder, {
+        "name": name, "removed": True, "drained": removal.drained, "cut": removal.cut})

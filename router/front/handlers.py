@@ -242,6 +242,7 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes,
     if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
         raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
     check_sampling(gen.sampling_params, "sampling_params.", st.config.limits.request)
+    renderer.engine_params(gen.sampling_params)
     if len(gen.token_ids) >= renderer.max_model_len:
         raise BadRequestError(
             f"This model's maximum context length is {renderer.max_model_len} tokens. However, "

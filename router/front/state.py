@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from router.link.transport import EngineLinks
     from router.obs.metrics import RouterMetrics
     from router.routing.adapters import Adapters
+    from router.routing.discovered import Reconciler
     from router.routing.dispatch import Dispatcher, Routed
+    from router.routing.drain import Drains
     from router.routing.fleet import Fleet
 
 STATE_KEY = "kvroute.router"
@@ -73,6 +75,8 @@ class RouterState:
     index: PrefixIndex
     dispatcher: Dispatcher
     fleet: Fleet
+    drains: Drains  # drain-then-remove of engines (admin DELETE, discovery)
+    discovery: Reconciler | None  # engines found by [discovery], None without
     lifecycle: Lifecycle
     router_metrics: RouterMetrics
     decoders: dict[str, TokenDecoder]  # by served model name

@@ -18,11 +18,10 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from router.config import EngineSpec
-from router.link.engine_client import EngineClient
+from router.link.engine_client import EngineClient, EngineLinkError
 from router.link.engine_state import EngineStatus, QueueCounts
 from router.link.http_client import HttpEngineClient
 from router.link.request_stream import RequestStream
-from serving.errors import EngineUnavailableError
 from wire.engine import EngineCoreRequest, EngineReadyResponse
 
 
@@ -135,18 +134,17 @@ class EngineLinks:
             return await self.http.submit(engine, request)
         return await self.zmq.submit(engine, request)
 
+    async def call_utility(self, engine: str, method: str, *args: Any,
+                           timeout: float = 30.0) -> Any:
+        """Run ``EngineCore.<method>(*args)`` on a ZMQ engine. A pod's HTTP API has no utility
+        calls (LoRA adapters on pods are not managed by the router): EngineLinkError."""
+        if engine in self._http_names:
+            raise EngineLinkError(f"engine {engine!r} is reached over HTTP: no utility calls")
+        return await self.zmq.call_utility(engine, method, *args, timeout=timeout)
+
     async def abort(self, request_ids: Iterable[str]) -> None:
         """Abort requests wherever they run; their streams end with an ABORT output at once."""
         ids = list(request_ids)
         await self.zmq.abort(ids)
         if self._http_names:
             await self.http.abort(ids)
-
-    async def call_utility(self, engine: str, method: str, *args: Any,
-                           timeout: float = 30.0) -> Any:
-        """Run ``EngineCore.<method>(*args)`` on a ZMQ engine; a pod's HTTP API carries no
-        utility calls (EngineUnavailableError)."""
-        if engine in self._http_names:
-            raise EngineUnavailableError(
-                f"engine {engine!r} is reached over HTTP, which carries no {method!r} call")
-        return await self.zmq.call_utility(engine, method, *args, timeout=timeout)

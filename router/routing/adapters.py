@@ -33,15 +33,14 @@ from dataclasses import dataclass, field
 
 from render.registry import ModelRegistry
 from render.service.lora_modules import LoRAModule
+from router.link.engine_client import EngineLinkError, UtilityCallError
 from router.link.transport import EngineLinks
 from serving.errors import (
     APIError,
-    EngineLinkError,
     InternalServerError,
     InvalidUserInputError,
     NotFoundError,
     ServiceUnavailableError,
-    UtilityCallError,
 )
 from wire.engine import EngineReadyResponse, LoRARequest
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
 from radix import PrefixIndex
 from router.config import EngineSpec
@@ -38,6 +39,7 @@ class Fleet:
         # The client's connect count per attached engine: a rise while it stayed READY between two
         # polls is a process restart (an idle engine killed and restarted fast).
         self.connects: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # replays under way
 
     def join(self, spec: EngineSpec) -> str:
         """Add an engine at run time; returns the handshake address to start it against (an
@@ -97,6 +99,9 @@ class Fleet:
             if endpoints is not None and name not in self.subscribed:
                 self.kv.add_engine(endpoints)
                 self.subscribed.add(name)
+                # What the engine cached before we subscribed (a pod re-added, a router
+                # restarted) comes from its replay buffer now, not at its next event.
+                self._background(self._replay(name))
         if self.adapters is not None:
             self.adapters.engine_ready(name, info)
         engine_len = info.max_model_len if info is not None else None
@@ -143,6 +148,20 @@ class Fleet:
                                                                            "zmq") == "zmq":
             return KVEndpoints.from_config(name, dict(config), host=host)
         return None
+
+    async def _replay(self, name: str) -> None:
+        try:
+            await self.kv.resync(name)
+        except KeyError:
+            pass  # removed meanwhile
+        except Exception:
+            log.warning("engine KV replay failed; its index fills from live events",
+                        extra={"engine": name}, exc_info=True)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def kv_snapshot(self) -> dict[str, dict[str, float]]:
         out = {}
