@@ -284,9 +284,11 @@ class KVSubscriber:
             c.decode_errors += 1
             return
         c.batches += 1
-        now = time.time()
         # vLLM stamps batches with time.time(): lag is only meaningful on one host.
-        c.lag = max(0.0, now - batch.ts)
+        c.lag = max(0.0, time.time() - batch.ts)
+        # The index's clock is the router's monotonic one: the routes noted optimistically
+        # expire on it, and a wall-clock "now" would expire every one at each event.
+        now = time.monotonic()
         engine = feed.spec.engine
         for ev in batch.events:
             c.events += 1
