@@ -4,6 +4,7 @@
      ├── BadRequestError          400 BadRequestError           bad fields, template refusals
      │    ├── ContextLengthError                                prompt/max_tokens past the context
      │    ├── TemplateUnavailableError                          no chat template / not allowed
+     │    ├── TemplateLimitError                                a request's template over its limits
      │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = path
      ├── AuthenticationError      401 AuthenticationError       missing or wrong API key
      ├── NotFoundError            404 NotFoundError             unknown path
@@ -103,6 +104,15 @@ class ContextLengthError(BadRequestError):
 
 class TemplateUnavailableError(BadRequestError):
     """No chat template for this model, or a request template the operator did not allow."""
+
+
+class TemplateLimitError(BadRequestError):
+    """A request's own chat template took more time or memory than its render may; ``limit``
+    says which: "time", "memory", or "ended" (its render process ended)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message, "chat_template")
+        self.limit = limit
 
 
 class InvalidJSONError(BadRequestError):
