@@ -17,6 +17,7 @@ import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -39,6 +40,7 @@ from router.config import RouterConfig
 from router.front import control, handlers
 from router.front.fast_path import FastPath
 from router.front.render_client import RenderClient
+from router.front.shutdown import cut_open_requests
 from router.front.state import STATE_KEY as ROUTER_KEY
 from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
@@ -238,6 +240,7 @@ def create_app(cfg: RouterConfig,
             generate_decoder=msgspec.json.Decoder(GenerateRequest))
         # For in-process tools (demo, tests): the same object the handlers see.
         app.state.live = st
+        lifecycle.cut = partial(cut_open_requests, st)
         # The startup heap (tokenizers, templates, the index) lives as long as the process, yet
         # each full collection re-scans it, a pause in the middle of streams that grows with the
         # heap. Freeze it.
