@@ -18,6 +18,23 @@ from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
 
 
+def _tcp_host(address: str) -> str:
+    """``tcp://HOST:PORT`` -> HOST (brackets of an IPv6 literal removed)."""
+    return address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+
+
+def _wildcard(host: str) -> bool:
+    return host in ("*", "0.0.0.0", "::")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 class ConfigError(ValueError):
     """A configuration the operator must fix; the message names the offending key."""
 
@@ -32,7 +49,8 @@ class EngineSpec:
     replay: str | None = None  # the engine's kv-events-config replay_endpoint
     topic: str = ""
     # Where the router binds the engine's input/output sockets (default: next to the handshake,
-    # kernel-chosen ports). Fix them to re-adopt running engines after a router restart.
+    # kernel-chosen ports). Fix them to re-adopt running engines after a router restart; a
+    # wildcard host here (tcp://0.0.0.0:P) binds every interface, as asked.
     input: str | None = None
     output: str | None = None
     # The host the engine is told to dial when those sockets bind a wildcard (a Service name in
@@ -40,6 +58,22 @@ class EngineSpec:
     advertise_host: str | None = None
     # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
     block_size: int | None = None
+    # The interface (an IP address) the default input/output sockets bind when the handshake
+    # binds a wildcard; default: advertise_host when it is an IP address, else loopback.
+    bind_host: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.bind_host is not None and not _is_ip(self.bind_host):
+            raise ValueError(f"engine {self.name!r}: bind_host {self.bind_host!r} is not an IP "
+                             "address")
+        if (self.handshake.startswith("tcp://") and (self.input is None or self.output is None)
+                and _wildcard(_tcp_host(self.handshake)) and self.bind_host is None
+                and self.advertise_host is not None and not _is_ip(self.advertise_host)):
+            raise ValueError(
+                f"engine {self.name!r}: its handshake binds every interface and advertise_host "
+                f"{self.advertise_host!r} is a name: set bind_host (the IP address engines reach "
+                "this host at) or the input and output addresses (tcp://0.0.0.0:P binds every "
+                "interface, if that is what you want)")
 
     @property
     def input_address(self) -> str:
@@ -52,10 +86,16 @@ class EngineSpec:
         return self.output or self._beside(".out")
 
     def _beside(self, suffix: str) -> str:
-        # Same host as the handshake, a kernel-chosen port (a TCP port 0 is resolved at bind time).
-        if self.handshake.startswith("ipc://"):
+        # Same interface as the handshake, a kernel-chosen port (resolved at bind time). A
+        # wildcard handshake was asked for; its neighbours bind the one interface engines are
+        # told to dial, never every interface.
+        if not self.handshake.startswith("tcp://"):
             return self.handshake + suffix
-        return self.handshake.rsplit(":", 1)[0] + ":0"
+        host = _tcp_host(self.handshake)
+        if _wildcard(host):
+            host = self.bind_host or self.advertise_host or (
+                "::1" if host in ("::", "[::]") else "127.0.0.1")
+        return f"tcp://[{host}]:0" if ":" in host.strip("[]") else f"tcp://{host}:0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,9 +403,10 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
         "name": f"engine-{index}", "handshake": head}
     for opt in opts:
         key, sep, val = opt.partition("=")
-        if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size"):
+        if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
+                                  "advertise_host", "bind_host"):
             raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
-                              "output=, block_size=")
+                              "output=, block_size=, advertise_host=, bind_host=")
         if key == "block_size":
             if not val.isdigit():
                 raise ConfigError(f"--engine {value!r}: block_size must be an integer")

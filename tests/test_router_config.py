@@ -151,3 +151,30 @@ def test_link_table_guards_the_engine_sockets() -> None:
         from_mapping({"link": {"allowed_peers": "10.0.0.5"}})
     with pytest.raises(ConfigError, match="max_kv_msg_bytes must be int"):
         from_mapping({"link": {"max_kv_msg_bytes": "big"}})
+
+
+@pytest.mark.parametrize(("engine", "bound"), [
+    ({"handshake": "tcp://0.0.0.0:13345"}, "tcp://127.0.0.1:0"),  # told loopback, bound there
+    ({"handshake": "tcp://*:13345"}, "tcp://127.0.0.1:0"),
+    ({"handshake": "tcp://[::]:13345"}, "tcp://[::1]:0"),
+    ({"handshake": "tcp://0.0.0.0:13345", "advertise_host": "10.0.0.9"}, "tcp://10.0.0.9:0"),
+    ({"handshake": "tcp://0.0.0.0:13345", "advertise_host": "router.svc",
+      "bind_host": "10.0.0.7"}, "tcp://10.0.0.7:0"),
+    ({"handshake": "tcp://10.1.2.3:13345"}, "tcp://10.1.2.3:0"),
+    ({"handshake": "tcp://0.0.0.0:13345", "input": "tcp://0.0.0.0:7",
+      "output": "tcp://0.0.0.0:7"}, "tcp://0.0.0.0:7"),  # a wildcard asked for is kept
+])
+def test_a_wildcard_handshake_never_makes_its_neighbours_wildcards(
+        engine: dict[str, str], bound: str) -> None:
+    [spec] = from_mapping({"engines": [engine]}).engines
+    assert spec.input_address == spec.output_address == bound
+
+
+def test_a_wildcard_handshake_advertising_a_name_needs_a_bind_host() -> None:
+    engine = {"handshake": "tcp://0.0.0.0:13345", "advertise_host": "router.svc"}
+    with pytest.raises(ConfigError, match=r"engines\[0\].*set bind_host"):
+        from_mapping({"engines": [engine]})
+    with pytest.raises(ConfigError, match="bind_host 'eth0' is not an IP address"):
+        from_mapping({"engines": [{**engine, "bind_host": "eth0"}]})
+    cfg = parse(["--engine", "a=tcp://0.0.0.0:1,advertise_host=router.svc,bind_host=10.0.0.7"])
+    assert cfg.engines[0].input_address == "tcp://10.0.0.7:0"

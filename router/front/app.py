@@ -221,7 +221,8 @@ def create_app(cfg: RouterConfig,
                               max_msg_size=cfg.link.max_output_msg_bytes,
                               allowed_peers=cfg.link.allowed_peers)
         await client.start()
-        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes)
+        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes,
+                          allowed_peers=cfg.link.allowed_peers)
         await kv.start()
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
