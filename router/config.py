@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
@@ -39,12 +40,17 @@ class ConfigError(ValueError):
     """A configuration the operator must fix; the message names the offending key."""
 
 
+HTTP_SCHEMES = ("http://", "https://")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """One headless engine: the handshake address the router binds and its KV-event endpoints."""
+    """One engine, of either transport: a headless engine's handshake address the router binds
+    (ZMQ), or the base URL of a `vllm serve` pod (HTTP, ``url``); and its KV-event endpoints
+    (for a pod, found through its ``/kv_event_sources`` unless given here)."""
 
     name: str
-    handshake: str  # tcp://HOST:PORT = the engine's --data-parallel-address : rpc-port
+    handshake: str = ""  # tcp://HOST:PORT = the engine's --data-parallel-address : rpc-port
     kv_events: str | None = None  # the engine's kv-events-config endpoint
     replay: str | None = None  # the engine's kv-events-config replay_endpoint
     topic: str = ""
@@ -56,13 +62,26 @@ class EngineSpec:
     # The host the engine is told to dial when those sockets bind a wildcard (a Service name in
     # Kubernetes); default loopback.
     advertise_host: str | None = None
-    # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
+    # The engine's KV block size, for engines re-adopted without a handshake (no ready map);
+    # a pod's is learned from its first KV event unless given.
     block_size: int | None = None
+    # http(s)://HOST:PORT of a `vllm serve --enable-scale-out` pod: an engine over HTTP.
+    url: str | None = None
     # The interface (an IP address) the default input/output sockets bind when the handshake
     # binds a wildcard; default: advertise_host when it is an IP address, else loopback.
     bind_host: str | None = None
 
     def __post_init__(self) -> None:
+        if bool(self.handshake) == bool(self.url):
+            raise ValueError(f"engine {self.name!r}: give either a handshake address or a url")
+        if self.url is not None:
+            if not self.url.startswith(HTTP_SCHEMES) or not self.url.split("://", 1)[1].strip("/"):
+                raise ValueError(f"engine {self.name!r}: url must be http://HOST:PORT or "
+                                 f"https://HOST:PORT, got {self.url!r}")
+            for key in ("input", "output", "advertise_host", "bind_host"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"engine {self.name!r}: {key} is a ZMQ engine's setting; "
+                                     "an HTTP engine (url) has none")
         if self.bind_host is not None and not _is_ip(self.bind_host):
             raise ValueError(f"engine {self.name!r}: bind_host {self.bind_host!r} is not an IP "
                              "address")
@@ -74,6 +93,27 @@ class EngineSpec:
                 f"{self.advertise_host!r} is a name: set bind_host (the IP address engines reach "
                 "this host at) or the input and output addresses (tcp://0.0.0.0:P binds every "
                 "interface, if that is what you want)")
+
+    @property
+    def is_http(self) -> bool:
+        return self.url is not None
+
+    @property
+    def address(self) -> str:
+        """Where the engine is reached: its URL, or the handshake address."""
+        return self.url or self.handshake
+
+    @property
+    def kv_host(self) -> str:
+        """The host to dial when the engine's KV publisher binds a wildcard: the pod's host or
+        the handshake's, else loopback."""
+        if self.url is not None:
+            host = urlsplit(self.url).hostname or ""
+        elif self.handshake.startswith("tcp://"):
+            host = _tcp_host(self.handshake)
+        else:
+            host = ""
+        return host if host and not _wildcard(host) else "127.0.0.1"
 
     @property
     def input_address(self) -> str:
@@ -193,8 +233,27 @@ class LinkConfig:
     allowed_peers: tuple[str, ...] | None = None
     max_output_msg_bytes: int = 256 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the output sockets
     max_kv_msg_bytes: int = 64 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the KV-event sockets
+    # HTTP engines (`url`): seconds to open a connection; to the response head of a request
+    # (a pod sends it before the first token); a pooled keep-alive connection is dropped after
+    # this long idle (below vLLM's 5 s --timeout-keep-alive, so the pod never closes one we are
+    # about to reuse).
+    http_connect_timeout: float = 5.0
+    http_first_byte_timeout: float = 30.0
+    http_pool_idle: float = 4.0
+    # A pod's /health is probed this often; its /metrics (running and waiting requests)
+    # scraped this often, and a count older than http_load_max_age is not used for routing.
+    http_health_interval: float = 1.0
+    http_load_interval: float = 0.5
+    http_load_max_age: float = 2.0
+    # The key pods started with `vllm serve --api-key` require (from --engine-api-key-file or
+    # KVROUTE_ENGINE_API_KEY); kept out of the repr (logs).
+    engine_api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        for name in ("http_connect_timeout", "http_first_byte_timeout", "http_pool_idle",
+                     "http_health_interval", "http_load_interval", "http_load_max_age"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for peer in self.allowed_peers or ():
             try:
                 ipaddress.ip_address(peer)
@@ -364,9 +423,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         action="append",
         default=[],
-        metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT]",
-        help="a headless engine's handshake address, bound by the router (repeatable)",
+        metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT] | NAME=http://HOST:PORT",
+        help="a headless engine's handshake address, bound by the router, or the URL of a "
+             "`vllm serve --enable-scale-out` pod, reached over HTTP (repeatable; both kinds "
+             "mix)",
     )
+    engines.add_argument("--engine-api-key-file",
+                         help="file holding the key HTTP engines (`vllm serve --api-key`) "
+                              "require (or env KVROUTE_ENGINE_API_KEY)")
     routing = parser.add_argument_group("routing")
     routing.add_argument("--policy", choices=POLICIES, help="default cache_aware")
     routing.add_argument("--load-weight", type=float)
@@ -396,11 +460,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
-    """``name=tcp://h:p,kv=tcp://h:p2,replay=tcp://h:p3`` (name optional)."""
+    """``name=tcp://h:p,kv=tcp://h:p2,replay=tcp://h:p3`` or ``name=http://h:p`` (name
+    optional)."""
     head, *opts = value.split(",")
     name, sep, address = head.partition("=")
-    spec: dict[str, Any] = {"name": name, "handshake": address} if sep and "://" not in name else {
-        "name": f"engine-{index}", "handshake": head}
+    if not sep or "://" in name:
+        name, address = f"engine-{index}", head
+    key = "url" if address.startswith(HTTP_SCHEMES) else "handshake"
+    spec: dict[str, Any] = {"name": name, key: address}
     for opt in opts:
         key, sep, val = opt.partition("=")
         if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
@@ -418,6 +485,7 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
 
 API_KEY_ENV = "KVROUTE_API_KEY"
 ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
+ENGINE_KEY_ENV = "KVROUTE_ENGINE_API_KEY"
 
 
 def read_key(path: str, what: str) -> str:
@@ -460,6 +528,9 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     if args.max_engines is not None:
         control["max_engines"] = args.max_engines
     data["control"] = control
+    engine_key = _key(args.engine_api_key_file, env, ENGINE_KEY_ENV, "engine API key")
+    if engine_key is not None:
+        data["link"] = {**data.get("link", {}), "engine_api_key": engine_key}
     for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
                 "chat_template",
                 "max_model_len", "render_url", "log_level",

@@ -5,7 +5,8 @@ the packages import the same way: ``wire`` and ``radix`` import nothing of ours;
 library only the wire types and the error tree (``serving.errors``, which imports nothing of
 ours); the output pipeline the wire types, render's library and the error tree; the simulated
 engine only the wire types, and to find and read a model's files (the embedded model, a Hub id,
-its context length) render's model-file helpers, lazily.
+its context length) render's model-file helpers, lazily; its HTTP face (``sim.http``, loaded
+only when asked for) renders and answers as `vllm serve` does, with render, output and serving.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "serving.errors": {"serving.errors"},
     "output": {"output", "wire", "render", "serving.errors"},
     "sim": {"sim", "wire", "render.models", "render.model_files", "render.hub"},
+    # The HTTP face speaks `vllm serve`'s API: it renders, answers through the output pipeline
+    # and serves on the project's HTTP server, as the router does (imported only with --port).
+    "sim.http": {"sim", "wire", "render", "output", "serving"},
     "router": {"router", "wire", "radix", "render", "serving", "output"},
     "devtools": OURS - {"kvroute"},
     "kvroute": OURS,

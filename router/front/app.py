@@ -44,7 +44,10 @@ from router.front.shutdown import cut_open_requests
 from router.front.state import STATE_KEY as ROUTER_KEY
 from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
-from router.link.engine_client import EngineClient, EngineStatus
+from router.link.engine_client import EngineClient
+from router.link.engine_state import EngineStatus
+from router.link.http_client import HttpEngineClient
+from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
 from router.routing.dispatch import Dispatcher
@@ -172,7 +175,7 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(body, media_type=PROMETHEUS)
 
 
-def _engine_snapshot(client: EngineClient) -> Callable[[], dict[str, dict[str, float]]]:
+def _engine_snapshot(client: EngineLinks) -> Callable[[], dict[str, dict[str, float]]]:
     def read() -> dict[str, dict[str, float]]:
         out = {}
         for name, eng in client.engines.items():
@@ -217,9 +220,13 @@ def create_app(cfg: RouterConfig,
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after,
-                              max_msg_size=cfg.link.max_output_msg_bytes,
-                              allowed_peers=cfg.link.allowed_peers)
+        client = EngineLinks(
+            cfg.engines,
+            EngineClient(dead_after=cfg.limits.engine_dead_after,
+                         max_msg_size=cfg.link.max_output_msg_bytes,
+                         allowed_peers=cfg.link.allowed_peers),
+            HttpEngineClient(cfg.link, dead_after=cfg.limits.engine_dead_after,
+                             max_logprobs=cfg.limits.max_logprobs))
         await client.start()
         kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes,
                           allowed_peers=cfg.link.allowed_peers)

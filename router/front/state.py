@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from router.front.multi_prompt import RoutedGroup
     from router.front.render_client import RenderClient
     from router.kvfeed.kv_subscriber import KVSubscriber
-    from router.link.engine_client import EngineClient
+    from router.link.transport import EngineLinks
     from router.obs.metrics import RouterMetrics
     from router.routing.dispatch import Dispatcher, Routed
     from router.routing.fleet import Fleet
@@ -80,7 +80,7 @@ class RouterState:
     render: RenderState  # the in-process render: models, limits, pool, codecs, metrics
     models: Models  # ``render.models``, read on every request
     remote: RenderClient | None  # set: render in the `kvroute render` service at --render-url
-    client: EngineClient
+    client: EngineLinks  # every engine, over ZMQ or HTTP
     kv: KVSubscriber
     index: PrefixIndex
     dispatcher: Dispatcher

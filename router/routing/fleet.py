@@ -9,24 +9,17 @@ from collections.abc import Iterable
 from radix import PrefixIndex
 from router.config import EngineSpec
 from router.kvfeed.kv_subscriber import KVEndpoints, KVSubscriber
-from router.link.engine_client import EngineClient, EngineStatus
+from router.link.engine_state import EngineStatus
+from router.link.transport import EngineLinks
 from router.routing.admission import Admission
 
 log = logging.getLogger("kvroute.fleet")
 
 
-def _host(address: str) -> str:
-    if address.startswith("tcp://"):
-        host = address[len("tcp://"):].rsplit(":", 1)[0]
-        if host not in ("*", "0.0.0.0", "[::]", "::"):
-            return host.strip("[]")
-    return "127.0.0.1"
-
-
 class Fleet:
     """Keeps the prefix index and the KV subscriptions in step with the engines' health."""
 
-    def __init__(self, client: EngineClient, kv: KVSubscriber, index: PrefixIndex,
+    def __init__(self, client: EngineLinks, kv: KVSubscriber, index: PrefixIndex,
                  admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
                  max_model_len: int | None = None) -> None:
         self.client = client
@@ -44,12 +37,13 @@ class Fleet:
         self.connects: dict[str, int] = {}
 
     def join(self, spec: EngineSpec) -> str:
-        """Add an engine at run time; returns the handshake address to start it against."""
+        """Add an engine at run time; returns the handshake address to start it against (an
+        HTTP engine's URL)."""
         self.specs[spec.name] = spec
-        state = self.client.add_engine(spec)
-        log.info("engine joined",
-                 extra={"engine": spec.name, "handshake": state.handshake_endpoint})
-        return state.handshake_endpoint
+        self.client.add_engine(spec)
+        address = self.client.endpoint(spec.name)
+        log.info("engine joined", extra={"engine": spec.name, "address": address})
+        return address
 
     async def remove(self, name: str) -> None:
         """Unlink an engine for good: its sockets close, its blocks and KV feed go (requests
@@ -91,7 +85,8 @@ class Fleet:
             block_size = spec.block_size  # re-adopted: no ready map this time
         self.attached.add(name)
         self.connects[name] = eng.counters.connects
-        if block_size is not None:
+        # A pod's block size comes with its first KV event (the index learns it then).
+        if block_size is not None or (spec is not None and spec.is_http):
             self.index.add_engine(name, block_size)
             endpoints = self._kv_endpoints(name, spec, info.kv_events_config if info else None)
             if endpoints is not None and name not in self.subscribed:
@@ -127,7 +122,7 @@ class Fleet:
 
     def _kv_endpoints(self, name: str, spec: EngineSpec | None,
                       config: dict[str, object] | None) -> KVEndpoints | None:
-        host = _host(spec.handshake) if spec else "127.0.0.1"
+        host = spec.kv_host if spec else "127.0.0.1"
         if spec is not None and spec.kv_events:
             return KVEndpoints(engine=name, endpoint=spec.kv_events, replay_endpoint=spec.replay,
                                topic=spec.topic, host=host)
