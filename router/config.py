@@ -149,6 +149,9 @@ class Limits:
     max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
     # An engine silent this long while it has requests is dead (its streams end with an error).
     engine_dead_after: float = 30.0
+    # A linked engine without work, not heard from this long, is probed with a cheap utility
+    # call; unanswered, it is dead (router/link/engine_health.py).
+    engine_idle_probe: float = 5.0
     # Work one request may ask for (render.sampling_checks.RequestLimits; docs/operations.md).
     max_n: int = MAX_N
     max_logprobs: int = 20  # vLLM's --max-logprobs: keep it equal to the engines'
@@ -166,6 +169,8 @@ class Limits:
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no limit) or more, got "
                              f"{self.max_logprobs}")
+        if not self.engine_idle_probe > 0:
+            raise ValueError(f"engine_idle_probe must be positive, got {self.engine_idle_probe}")
 
     @property
     def request(self) -> RequestLimits:

@@ -224,7 +224,8 @@ def create_app(cfg: RouterConfig,
             cfg.engines,
             EngineClient(dead_after=cfg.limits.engine_dead_after,
                          max_msg_size=cfg.link.max_output_msg_bytes,
-                         allowed_peers=cfg.link.allowed_peers),
+                         allowed_peers=cfg.link.allowed_peers,
+                         idle_probe_after=cfg.limits.engine_idle_probe),
             HttpEngineClient(cfg.link, dead_after=cfg.limits.engine_dead_after,
                              max_logprobs=cfg.limits.max_logprobs))
         await client.start()
