@@ -107,7 +107,7 @@ class LocalCluster:
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
                             log_json=False, log_level="WARNING",
-                            http_server=self.options.http_server)
+                            http_server=self.options.http_server, state_dir=str(self.dir))
 
     def is_http(self, name: str) -> bool:
         """Whether the router reaches this engine over HTTP (its sim serves an HTTP face)."""

@@ -24,6 +24,11 @@ def _tcp_host(address: str) -> str:
     return address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
 
 
+def _tcp_port(address: str) -> int:
+    port = address.rsplit(":", 1)[1]
+    return int(port) if port.isdigit() else 0
+
+
 def _wildcard(host: str) -> bool:
     return host in ("*", "0.0.0.0", "::")
 
@@ -41,6 +46,10 @@ class ConfigError(ValueError):
 
 
 HTTP_SCHEMES = ("http://", "https://")
+# A ZMQ engine's default input and output ports: its handshake port plus these (the chart lays
+# out its engine slots the same way).
+INPUT_PORT_OFFSET = 1000
+OUTPUT_PORT_OFFSET = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,12 @@ class EngineSpec:
                 if getattr(self, key) is not None:
                     raise ValueError(f"engine {self.name!r}: {key} is a ZMQ engine's setting; "
                                      "an HTTP engine (url) has none")
+        if self.handshake.startswith("tcp://") and (self.input is None or self.output is None):
+            if _tcp_port(self.handshake) + OUTPUT_PORT_OFFSET > 65535:
+                raise ValueError(
+                    f"engine {self.name!r}: handshake port {_tcp_port(self.handshake)} leaves no "
+                    f"room for the default input/output ports (+{INPUT_PORT_OFFSET}, "
+                    f"+{OUTPUT_PORT_OFFSET}): use a lower port or give input and output")
         if self.bind_host is not None and not _is_ip(self.bind_host):
             raise ValueError(f"engine {self.name!r}: bind_host {self.bind_host!r} is not an IP "
                              "address")
@@ -118,24 +133,28 @@ class EngineSpec:
     @property
     def input_address(self) -> str:
         """The input socket's bind address: ``input``, else beside the handshake."""
-        return self.input or self._beside(".in")
+        return self.input or self._beside(".in", INPUT_PORT_OFFSET)
 
     @property
     def output_address(self) -> str:
         """The output socket's bind address: ``output``, else beside the handshake."""
-        return self.output or self._beside(".out")
+        return self.output or self._beside(".out", OUTPUT_PORT_OFFSET)
 
-    def _beside(self, suffix: str) -> str:
-        # Same interface as the handshake, a kernel-chosen port (resolved at bind time). A
-        # wildcard handshake was asked for; its neighbours bind the one interface engines are
-        # told to dial, never every interface.
+    def _beside(self, suffix: str, offset: int) -> str:
+        # Same interface as the handshake, on a port derived from its port (handshake port P:
+        # P + 1000 and P + 2000), so a restarted router binds the addresses its running engines
+        # still dial; a handshake on port 0 gets kernel-chosen ones. A wildcard handshake was
+        # asked for; its neighbours bind the one interface engines are told to dial, never
+        # every interface.
         if not self.handshake.startswith("tcp://"):
             return self.handshake + suffix
         host = _tcp_host(self.handshake)
         if _wildcard(host):
             host = self.bind_host or self.advertise_host or (
                 "::1" if host in ("::", "[::]") else "127.0.0.1")
-        return f"tcp://[{host}]:0" if ":" in host.strip("[]") else f"tcp://{host}:0"
+        port = _tcp_port(self.handshake)
+        port = port + offset if port else 0
+        return f"tcp://[{host}]:{port}" if ":" in host.strip("[]") else f"tcp://{host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +309,10 @@ class RouterConfig:
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
     http_server: str = ROUTER_SERVER
+    # Where the router keeps what engines said in their handshake, for a restart to re-adopt
+    # them with their KV feeds (router/routing/engine_memory.py); None: kept nowhere.
+    # `kvroute router` defaults it to $XDG_STATE_HOME/kvroute (~/.local/state/kvroute).
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -433,6 +456,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "`vllm serve --enable-scale-out` pod, reached over HTTP (repeatable; both kinds "
              "mix)",
     )
+    engines.add_argument(
+        "--state-dir",
+        help="where the engines' handshake answers are kept, so a restarted router re-adopts "
+             "running engines with their KV feeds (default $XDG_STATE_HOME/kvroute, else "
+             "~/.local/state/kvroute; '' keeps them nowhere)")
     engines.add_argument("--engine-api-key-file",
                          help="file holding the key HTTP engines (`vllm serve --api-key`) "
                               "require (or env KVROUTE_ENGINE_API_KEY)")
@@ -512,6 +540,13 @@ def _key(file: str | None, env: Mapping[str, str], var: str, what: str) -> str |
     return value or None
 
 
+def default_state_dir(env: Mapping[str, str]) -> str:
+    """The XDG state directory's kvroute folder (``$XDG_STATE_HOME``, else ~/.local/state)."""
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local"
+                                             / "state")
+    return str(Path(base) / "kvroute")
+
+
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RouterConfig:
     """The config from parsed flags, the config file and the keys' environment variables
     (``env``, default the process's: read here once, nowhere else)."""
@@ -544,6 +579,10 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
             data[key] = getattr(args, key)
     if args.plain_logs:
         data["log_json"] = False
+    if args.state_dir is not None:
+        data["state_dir"] = args.state_dir or None  # "": kept nowhere
+    elif "state_dir" not in data:
+        data["state_dir"] = default_state_dir(env)
     if args.engine:
         data["engines"] = [parse_engine_flag(v, i) for i, v in enumerate(args.engine)]
     policy = dict(data.get("policy", {}))

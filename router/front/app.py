@@ -51,6 +51,7 @@ from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
 from router.routing.dispatch import Dispatcher
+from router.routing.engine_memory import EngineMemory
 from router.routing.fleet import Fleet
 from router.routing.policy import Policy
 from serving.errors import (
@@ -235,7 +236,8 @@ def create_app(cfg: RouterConfig,
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
         fleet = Fleet(client, kv, index, admission, cfg.engines,
-                      max_model_len=min(r.max_model_len for r in models.registry))
+                      max_model_len=min(r.max_model_len for r in models.registry),
+                      memory=EngineMemory(cfg.state_dir))
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)

@@ -12,6 +12,7 @@ from router.kvfeed.kv_subscriber import KVEndpoints, KVSubscriber
 from router.link.engine_state import EngineStatus
 from router.link.transport import EngineLinks
 from router.routing.admission import Admission
+from router.routing.engine_memory import EngineMemory
 
 log = logging.getLogger("kvroute.fleet")
 
@@ -21,8 +22,10 @@ class Fleet:
 
     def __init__(self, client: EngineLinks, kv: KVSubscriber, index: PrefixIndex,
                  admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, memory: EngineMemory | None = None) -> None:
         self.client = client
+        # The engines' ready maps kept across router restarts (None: not kept).
+        self.memory = memory or EngineMemory(None)
         # The context length the router's render admits prompts to (None: not checked).
         self.max_model_len = max_model_len
         self.kv = kv
@@ -80,6 +83,12 @@ class Fleet:
         eng = self.client.engines[name]
         spec = self.specs.get(name)
         info = eng.ready
+        if spec is not None:
+            if info is not None:
+                self.memory.remember(spec, info)
+            elif eng.adopted:
+                # Re-adopted after a router restart: no handshake, so what it said last time.
+                info = self.memory.recall(spec)
         block_size = info.block_size if info is not None and info.block_size else None
         if block_size is None and spec is not None:
             block_size = spec.block_size  # re-adopted: no ready map this time
@@ -92,6 +101,10 @@ class Fleet:
             if endpoints is not None and name not in self.subscribed:
                 self.kv.add_engine(endpoints)
                 self.subscribed.add(name)
+                if eng.adopted:
+                    # It has cached blocks already: rebuild them from its replay buffer now,
+                    # not at its next event.
+                    asyncio.get_running_loop().create_task(self.kv.resync(name))
         engine_len = info.max_model_len if info is not None else None
         log.info("engine ready", extra={"engine": name, "block_size": block_size,
                                         "max_model_len": engine_len, "adopted": eng.adopted,
