@@ -236,16 +236,24 @@ class StreamLimits:
     router's estimate of the events those outputs make: ``EVENT_BYTES`` per output plus
     ``LOGPROB_BYTES`` per logprob entry) the stream is cut and its request aborted on the
     engine. Checked every ``check_interval`` seconds while a stream waits on its client.
+
+    ``resume``: a stream whose engine dies after its first token goes on on another engine, up
+    to ``max_resumes`` times (router/routing/resume.py); a request turns it off with
+    ``"vllm_xargs": {"kvroute_resume": false}``.
     """
 
     max_unsent_bytes: int = 8 * 1024 * 1024
     check_interval: float = 0.25
+    resume: bool = True
+    max_resumes: int = 2
 
     def __post_init__(self) -> None:
         if self.max_unsent_bytes < 1:
             raise ValueError(f"max_unsent_bytes must be positive, got {self.max_unsent_bytes}")
         if not self.check_interval > 0:
             raise ValueError(f"check_interval must be positive, got {self.check_interval}")
+        if self.max_resumes < 0:
+            raise ValueError(f"max_resumes must be 0 or more, got {self.max_resumes}")
 
 
 @dataclass(frozen=True, slots=True)

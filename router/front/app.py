@@ -241,7 +241,8 @@ def create_app(cfg: RouterConfig,
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
-        dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
+        dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics,
+                                max_resumes=cfg.streams.max_resumes if cfg.streams.resume else 0)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
         st = RouterState(
