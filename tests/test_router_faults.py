@@ -39,8 +39,10 @@ def proc_cluster() -> Iterator[LocalCluster]:
 def test_engine_killed_mid_run(proc_cluster: LocalCluster) -> None:
     client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
                            timeout=30)
+    # Not resumed on the other engine (tests/test_router_resume.py): the error event stays.
     with client.chat.completions.with_streaming_response.create(
-            **_chat("long one", 2000), stream=True) as resp:
+            **_chat("long one", 2000), stream=True,
+            extra_body={"vllm_xargs": {"kvroute_resume": False}}) as resp:
         victim = resp.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
         chunks = resp.parse()
         next(chunks)
