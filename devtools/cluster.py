@@ -23,7 +23,7 @@ import msgspec
 
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
 from render.renderer import Renderer
-from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
+from router.config import Control, EngineSpec, Limits, LinkConfig, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
@@ -45,6 +45,7 @@ class ClusterOptions:
     # /admin/*: set an admin_key to turn it on; ipc joins default to the cluster's directory.
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    link: LinkConfig = field(default_factory=LinkConfig)  # e.g. client_index for a peer router
     ready_timeout: float = 60.0
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
@@ -106,6 +107,7 @@ class LocalCluster:
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
+                            link=self.options.link,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server, state_dir=str(self.dir))
 

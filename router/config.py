@@ -76,17 +76,31 @@ class EngineSpec:
     block_size: int | None = None
     # http(s)://HOST:PORT of a `vllm serve --enable-scale-out` pod: an engine over HTTP.
     url: str | None = None
+    # Other routers' input and output addresses for this ZMQ engine, handed to it in the
+    # handshake after this router's own (vLLM's multi-frontend lists, as --api-server-count
+    # fills them): the i-th pair is the router started with link.client_index = i + 1.
+    peer_inputs: tuple[str, ...] = ()
+    peer_outputs: tuple[str, ...] = ()
     # The interface (an IP address) the default input/output sockets bind when the handshake
     # binds a wildcard; default: advertise_host when it is an IP address, else loopback.
     bind_host: str | None = None
 
     def __post_init__(self) -> None:
-        if bool(self.handshake) == bool(self.url):
-            raise ValueError(f"engine {self.name!r}: give either a handshake address or a url")
+        # A ZMQ engine linked by a peer router (one the owner of its handshake lists) has no
+        # handshake of its own here: its fixed input and output addresses are enough.
+        peer_linked = not self.handshake and self.input is not None and self.output is not None
+        if bool(self.handshake or peer_linked) == bool(self.url):
+            raise ValueError(f"engine {self.name!r}: give either a handshake address (or, "
+                             "linked as a peer router, input and output) or a url")
+        if len(self.peer_inputs) != len(self.peer_outputs):
+            raise ValueError(f"engine {self.name!r}: peer_inputs and peer_outputs must pair up")
         if self.url is not None:
             if not self.url.startswith(HTTP_SCHEMES) or not self.url.split("://", 1)[1].strip("/"):
                 raise ValueError(f"engine {self.name!r}: url must be http://HOST:PORT or "
                                  f"https://HOST:PORT, got {self.url!r}")
+            if self.peer_inputs:
+                raise ValueError(f"engine {self.name!r}: peer addresses are a ZMQ engine's; "
+                                 "an HTTP engine (url) has none")
             for key in ("input", "output", "advertise_host", "bind_host"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"engine {self.name!r}: {key} is a ZMQ engine's setting; "
@@ -280,8 +294,14 @@ class LinkConfig:
     # The key pods started with `vllm serve --api-key` require (from --engine-api-key-file or
     # KVROUTE_ENGINE_API_KEY); kept out of the repr (logs).
     engine_api_key: str | None = field(default=None, repr=False)
+    # This router's place in its ZMQ engines' frontend lists: 0 for the router that owns their
+    # handshakes; i for the router the owner lists as its engines' i-th peer (EngineSpec
+    # peer_inputs / peer_outputs), which never handshakes and adopts the engines by probe.
+    client_index: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.client_index < 1 << 16:
+            raise ValueError(f"client_index must be in [0, 65536), got {self.client_index}")
         for name in ("http_connect_timeout", "http_first_byte_timeout", "http_pool_idle",
                      "http_health_interval", "http_load_interval", "http_load_max_age"):
             if not getattr(self, name) > 0:
@@ -388,6 +408,14 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
     for i, engine in enumerate(engines):
         if not isinstance(engine, dict):
             raise ConfigError(f"engines[{i}]: expected a table")
+        engine = dict(engine)
+        for key in ("peer_inputs", "peer_outputs"):
+            if key in engine:
+                value = engine[key]
+                if not isinstance(value, list | tuple) or not all(isinstance(v, str)
+                                                                  for v in value):
+                    raise ConfigError(f"engines[{i}]: {key} must be a list of addresses")
+                engine[key] = tuple(value)
         specs.append(_build(EngineSpec, {"name": f"engine-{i}", **engine}, f"engines[{i}]"))
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
@@ -469,6 +497,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the engines' handshake answers are kept, so a restarted router re-adopts "
              "running engines with their KV feeds (default $XDG_STATE_HOME/kvroute, else "
              "~/.local/state/kvroute; '' keeps them nowhere)")
+    engines.add_argument("--client-index", type=int,
+                         help="this router's place in its ZMQ engines' frontend lists: 0 (the "
+                              "default) owns their handshakes; i >= 1 is the i-th peer router "
+                              "the owner lists (--engine NAME=peer,input=ADDR,output=ADDR,"
+                              "block_size=N here; peer_input=/peer_output= on the owner)")
     engines.add_argument("--engine-api-key-file",
                          help="file holding the key HTTP engines (`vllm serve --api-key`) "
                               "require (or env KVROUTE_ENGINE_API_KEY)")
@@ -507,15 +540,20 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
     name, sep, address = head.partition("=")
     if not sep or "://" in name:
         name, address = f"engine-{index}", head
+    if address == "peer":  # NAME=peer,input=...,output=...: linked by another router's handshake
+        address = ""
     key = "url" if address.startswith(HTTP_SCHEMES) else "handshake"
-    spec: dict[str, Any] = {"name": name, key: address}
+    spec: dict[str, Any] = {"name": name, key: address} if address else {"name": name}
     for opt in opts:
         key, sep, val = opt.partition("=")
         if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
-                                  "advertise_host", "bind_host"):
+                                  "advertise_host", "bind_host", "peer_input", "peer_output"):
             raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
-                              "output=, block_size=, advertise_host=, bind_host=")
-        if key == "block_size":
+                              "output=, block_size=, advertise_host=, bind_host=, peer_input=, "
+                              "peer_output=")
+        if key in ("peer_input", "peer_output"):
+            spec[key + "s"] = (*spec.get(key + "s", ()), val)
+        elif key == "block_size":
             if not val.isdigit():
                 raise ConfigError(f"--engine {value!r}: block_size must be an integer")
             spec[key] = int(val)
@@ -579,6 +617,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     engine_key = _key(args.engine_api_key_file, env, ENGINE_KEY_ENV, "engine API key")
     if engine_key is not None:
         data["link"] = {**data.get("link", {}), "engine_api_key": engine_key}
+    if args.client_index is not None:
+        data["link"] = {**data.get("link", {}), "client_index": args.client_index}
     for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
                 "chat_template",
                 "max_model_len", "render_url", "log_level",

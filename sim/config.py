@@ -232,7 +232,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
     if ns.port is not None and ns.vocab_size is not None:
         raise ValueError("the HTTP face (--port) needs a tokenizer: give --model, not "
                          "--vocab-size")
-    address: str | None = ns.handshake_address
+    address: str | None = ns.handshake_address or None
     if address is None and (ns.port is None or ns.data_parallel_rpc_port is not None
                             or ns.headless):
         address = f"tcp://{ns.data_parallel_address}:{ns.data_parallel_rpc_port or 13345}"

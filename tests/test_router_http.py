@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
+from router.config import Control
 from router.link.http_state import HttpEngineState
 from tests.waits import eventually
 
@@ -28,9 +29,13 @@ def _chat(user: str, max_tokens: int, **kw: Any) -> dict[str, Any]:
             "max_tokens": max_tokens, **kw}
 
 
+ADMIN = "admin-key"
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    opts = ClusterOptions(engines=2, transport="http", sim={"step_time": 0.005})
+    opts = ClusterOptions(engines=2, transport="http", sim={"step_time": 0.005},
+                          control=Control(admin_key=ADMIN))
     with LocalCluster(opts) as c:
         yield c
 
@@ -119,6 +124,24 @@ def test_client_disconnect_aborts_on_the_pod(cluster: LocalCluster) -> None:
             assert sched.requests  # running on the pod
     eventually(lambda: not sched.requests)  # the pod aborted it
     eventually(lambda: not cluster.state.client.engines[engine].in_flight)
+
+
+def test_a_pod_joins_and_leaves_at_run_time(cluster: LocalCluster) -> None:
+    cluster.start_engine("engine-9")  # a third sim behind its HTTP face
+    url = cluster.urls["engine-9"]
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    st = cluster.state
+    with httpx.Client(base_url=cluster.base_url, timeout=30, headers=auth) as http:
+        bad = http.post("/admin/engines", json={"name": "x", "url": "http://10.9.9.9:1"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"
+        joined = http.post("/admin/engines", json={"name": "engine-9", "url": url})
+        assert joined.status_code == 200 and joined.json() == {"name": "engine-9", "url": url}
+        eventually(lambda: "engine-9" in st.fleet.attached)
+        listed = {e["name"]: e for e in http.get("/admin/engines").json()["engines"]}
+        assert listed["engine-9"]["url"] == url and listed["engine-9"]["status"] == "ready"
+        gone = http.delete("/admin/engines/engine-9")
+        assert gone.status_code == 200 and gone.json()["removed"]
+    assert "engine-9" not in st.client.engines and "engine-9" not in st.fleet.subscribed
 
 
 def test_pod_refusing_a_request_is_the_clients_error() -> None:

@@ -223,7 +223,8 @@ def create_app(cfg: RouterConfig,
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
         client = EngineLinks(
             cfg.engines,
-            EngineClient(dead_after=cfg.limits.engine_dead_after,
+            EngineClient(client_index=cfg.link.client_index,
+                         dead_after=cfg.limits.engine_dead_after,
                          max_msg_size=cfg.link.max_output_msg_bytes,
                          allowed_peers=cfg.link.allowed_peers,
                          idle_probe_after=cfg.limits.engine_idle_probe),

@@ -43,8 +43,9 @@ class EngineMemory:
         self.dir = Path(state_dir) / "engines" if state_dir else None
 
     def _path(self, spec: EngineSpec) -> Path | None:
-        if self.dir is None or spec.is_http:
-            return None  # a pod describes itself over HTTP every time
+        if self.dir is None or spec.is_http or not spec.handshake:
+            return None  # a pod describes itself over HTTP every time; a peer router's engine
+            # is handshaken by its owner
         digest = hashlib.sha256(spec.handshake.encode()).hexdigest()[:24]
         return self.dir / f"{digest}.json"
 
