@@ -85,8 +85,9 @@ def test_a_stream_on_a_killed_engine_ends_without_waiting_for_the_silence_deadli
     # silence deadline would fail with a timeout, not with the error event.
     with httpx.Client(base_url=cluster.base_url, timeout=60) as http, http.stream(
             "POST", "/v1/completions",
-            json={"model": MODEL, "prompt": "a long one", "max_tokens": 3000,
-                  "stream": True}) as r:
+            json={"model": MODEL, "prompt": "a long one", "max_tokens": 3000, "stream": True,
+                  # ended, not resumed on the other engine (tests/test_router_resume.py)
+                  "vllm_xargs": {"kvroute_resume": False}}) as r:
         victim = r.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
