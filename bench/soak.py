@@ -87,7 +87,7 @@ def _hostile(rng: random.Random) -> tuple[str, str, Any, dict[str, str], int]:
     kind = rng.choice(["stop", "top_logprobs", "n", "nested", "request_id", "too_big", "leave",
                        "model"])
     if kind == "stop":
-        return kind, "/v1/chat/completions", {**chat, "stop": ["x" * 100_000]}, {}, 400
+        return kind, "/v1/chat/completions", {**chat, "stop": ["x" * 20_000]}, {}, 400
     if kind == "top_logprobs":
         return kind, "/v1/chat/completions", {**chat, "logprobs": True,
                                               "top_logprobs": 1_000_000}, {}, 400
@@ -256,8 +256,13 @@ def _plot(result: dict[str, Any], out: Path) -> None:
     s = result["samples"]
     t = [x["t"] for x in s]
     fig, (mem, lat) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    mem.plot(t, [x["rss_mib"] for x in s], color="tab:blue")
+    rss = [x["rss_mib"] for x in s]
+    mem.plot(t, rss, color="tab:blue")
     mem.axvline(result["warmup_s"], color="grey", linestyle="--", linewidth=1)
+    mem.set_ylim(0, max(rss) * 1.15)  # from zero: a flat line reads flat
+    growth = result["rss_after_warmup_mib"]["growth"]
+    mem.text(0.99, 0.05, f"growth after warm-up: {growth:.1f} MiB", ha="right",
+             transform=mem.transAxes)
     mem.set_ylabel("router RSS (MiB)")
     mem.set_title(f"soak: {result['concurrency']} clients, {result['hostile_share']:.0%} hostile, "
                   f"{result['engines']} sim engines (load {result['load_avg']})")
@@ -284,7 +289,11 @@ def main() -> int:
                    help="MiB the router's RSS may grow after the warm-up")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "soak.png")
+    p.add_argument("--replot", action="store_true", help="only plot --out's result again")
     a = p.parse_args()
+    if a.replot:
+        _plot(json.loads(a.out.read_text()), a.plot)
+        return 0
     with tempfile.TemporaryDirectory(prefix="kvroute-soak-") as tmp:
         router, sims, url = _start(Path(tmp), a.engines)
         try:
