@@ -117,6 +117,6 @@ def test_a_restarted_engine_s_load_is_what_it_reports(cluster: LocalCluster) -> 
         assert running()[victim] == 0.0
         assert state.client.engines[victim].queue_counts.num_running_reqs == 0
         cluster.start_engine(victim)
-        cluster.wait_ready(60)
-        assert state.client.engines[victim].counters.connects == 2
+        eventually(lambda: state.client.engines[victim].counters.connects == 2)
+        assert state.client.engines[victim].status is EngineStatus.READY
         assert state.client.engines[victim].queue_counts.num_running_reqs == 0
