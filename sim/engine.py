@@ -38,7 +38,7 @@ from sim.protocol import (
 )
 from sim.request import SimRequest
 from sim.scheduler import Scheduler, StepPlan
-from sim.tokens import request_key
+from sim.tokens import markov_key, request_key
 from wire.engine import (
     ENGINE_CORE_DEAD,
     REQ_ABORT,
@@ -196,7 +196,8 @@ class SimEngine:
                 "%d, %d blocks of %d, output %s%s)",
                 self.config.data_parallel_rank, self.config.handshake_address,
                 self.config.max_model_len, self.config.num_gpu_blocks, self.config.block_size,
-                self.config.output if self.config.tokens.tokenizer is not None else "random",
+                "random" if self.config.output == "echo" and self.config.tokens.tokenizer is None
+                else self.config.output,
                 f", KV events on {self.kv_publisher.config.endpoint}" if self.kv_publisher else "",
             )
             try:
@@ -444,6 +445,8 @@ class SimEngine:
         if cfg.output == "echo":
             sample = None if req.sampling_params.temperature == 0.0 else key
             sim_req.echo, sim_req.echo_loop = cfg.tokens.echo_ids(req.prompt_token_ids, sample)
+        elif cfg.output == "markov":
+            sim_req.markov = markov_key(cfg.seed, req.request_id, req.sampling_params)
         self.scheduler.add(sim_req, time.monotonic())
 
     def _reject_reason(self, req: EngineCoreRequest) -> str | None:

@@ -114,3 +114,49 @@ def test_probes_hit_real_routes() -> None:
         "terminationGracePeriodSeconds"]
     toml = tomllib.loads(objs[("ConfigMap", "rel-kvroute-router")]["data"]["router.toml"])
     assert grace > toml["limits"]["drain_timeout"]
+
+
+def _admits(rule: dict[str, Any], port: int) -> bool:
+    return any(p["port"] <= port <= p.get("endPort", p["port"]) for p in rule.get("ports", []))
+
+
+def _pod_labels(objs: dict[tuple[str, str], dict[str, Any]], kind: str, name: str) -> Any:
+    return objs[(kind, name)]["spec"]["template"]["metadata"]["labels"]
+
+
+def test_network_policies_let_only_engines_reach_the_router_s_engine_ports() -> None:
+    objs = render("engine.replicas=3", "router.spareEngineSlots=2")
+    router_pods = _pod_labels(objs, "Deployment", "rel-kvroute-router")
+    engine_pods = _pod_labels(objs, "StatefulSet", "rel-kvroute-engine")
+    router = objs[("NetworkPolicy", "rel-kvroute-router")]["spec"]
+    assert router["podSelector"]["matchLabels"] == router_pods
+    assert router["policyTypes"] == ["Ingress"]
+    engine_ports = {p["port"] for p in
+                    objs[("Service", "rel-kvroute-router-handshake")]["spec"]["ports"]}
+    assert len(engine_ports) == 3 * 5  # handshake, input, output for each of 5 slots
+    for port in engine_ports:
+        admitting = [r for r in router["ingress"] if _admits(r, port)]
+        # Admitted, and only from engine pods: no rule without `from` (anyone) covers it.
+        assert admitting and all(r.get("from") == [{"podSelector": {"matchLabels": engine_pods}}]
+                                 for r in admitting), port
+    for port in (29500 - 1, 29505, 30505, 31505):  # the ports next to the ranges stay closed
+        assert not any(_admits(r, port) for r in router["ingress"]), port
+    http = [r for r in router["ingress"] if _admits(r, 8000)]
+    assert http and all("from" not in r for r in http)  # the API is open to clients
+    engine = objs[("NetworkPolicy", "rel-kvroute-engine")]["spec"]
+    assert engine["podSelector"]["matchLabels"] == engine_pods
+    assert engine["policyTypes"] == ["Ingress"]
+    assert engine["ingress"] and all(
+        r["from"] == [{"podSelector": {"matchLabels": router_pods}}] for r in engine["ingress"])
+    kv_ports = {p["port"] for p in objs[("Service", "rel-kvroute-engine")]["spec"]["ports"]}
+    assert kv_ports == {5557, 5558}
+    assert all(any(_admits(r, p) for r in engine["ingress"]) for p in kv_ports)
+
+
+def test_network_policies_can_be_narrowed_or_left_out() -> None:
+    objs = render("networkPolicy.routerHttpFrom[0].namespaceSelector.matchLabels.team=llm")
+    router = objs[("NetworkPolicy", "rel-kvroute-router")]["spec"]
+    [http] = [r for r in router["ingress"] if _admits(r, 8000)]
+    assert http["from"] == [{"namespaceSelector": {"matchLabels": {"team": "llm"}}}]
+    off = render("networkPolicy.enabled=false")
+    assert not [key for key in off if key[0] == "NetworkPolicy"]
