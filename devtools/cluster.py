@@ -126,7 +126,8 @@ class LocalCluster:
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server,
                             lora_modules=self.options.lora_modules,
-                            allow_runtime_lora_updating=self.options.allow_runtime_lora_updating)
+                            allow_runtime_lora_updating=self.options.allow_runtime_lora_updating,
+                            state_dir=str(self.dir))
 
     def is_http(self, name: str) -> bool:
         """Whether the router reaches this engine over HTTP (its sim serves an HTTP face)."""

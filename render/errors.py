@@ -12,6 +12,7 @@ from serving.errors import (
     BadRequestError,
     ContextLengthError,
     ModelNotFoundError,
+    TemplateLimitError,
     TemplateUnavailableError,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "ContextLengthError",
     "ModelNotFoundError",
     "RenderError",
+    "TemplateLimitError",
     "TemplateUnavailableError",
 ]

@@ -29,11 +29,37 @@ from serving.server import ROUTER_SERVER, SERVERS
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
+def _tcp_host(address: str) -> str:
+    """``tcp://HOST:PORT`` -> HOST (brackets of an IPv6 literal removed)."""
+    return address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+
+
+def _tcp_port(address: str) -> int:
+    port = address.rsplit(":", 1)[1]
+    return int(port) if port.isdigit() else 0
+
+
+def _wildcard(host: str) -> bool:
+    return host in ("*", "0.0.0.0", "::")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 class ConfigError(ValueError):
     """A configuration the operator must fix; the message names the offending key."""
 
 
 HTTP_SCHEMES = ("http://", "https://")
+# A ZMQ engine's default input and output ports: its handshake port plus these (the chart lays
+# out its engine slots the same way).
+INPUT_PORT_OFFSET = 1000
+OUTPUT_PORT_OFFSET = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +74,8 @@ class EngineSpec:
     replay: str | None = None  # the engine's kv-events-config replay_endpoint
     topic: str = ""
     # Where the router binds the engine's input/output sockets (default: next to the handshake,
-    # kernel-chosen ports). Fix them to re-adopt running engines after a router restart.
+    # kernel-chosen ports). Fix them to re-adopt running engines after a router restart; a
+    # wildcard host here (tcp://0.0.0.0:P) binds every interface, as asked.
     input: str | None = None
     output: str | None = None
     # The host the engine is told to dial when those sockets bind a wildcard (a Service name in
@@ -64,6 +91,9 @@ class EngineSpec:
     # fills them): the i-th pair is the router started with link.client_index = i + 1.
     peer_inputs: tuple[str, ...] = ()
     peer_outputs: tuple[str, ...] = ()
+    # The interface (an IP address) the default input/output sockets bind when the handshake
+    # binds a wildcard; default: advertise_host when it is an IP address, else loopback.
+    bind_host: str | None = None
 
     def __post_init__(self) -> None:
         # A ZMQ engine linked by a peer router (one the owner of its handshake lists) has no
@@ -81,10 +111,27 @@ class EngineSpec:
             if self.peer_inputs:
                 raise ValueError(f"engine {self.name!r}: peer addresses are a ZMQ engine's; "
                                  "an HTTP engine (url) has none")
-            for key in ("input", "output", "advertise_host"):
+            for key in ("input", "output", "advertise_host", "bind_host"):
                 if getattr(self, key) is not None:
                     raise ValueError(f"engine {self.name!r}: {key} is a ZMQ engine's setting; "
                                      "an HTTP engine (url) has none")
+        if self.handshake.startswith("tcp://") and (self.input is None or self.output is None):
+            if _tcp_port(self.handshake) + OUTPUT_PORT_OFFSET > 65535:
+                raise ValueError(
+                    f"engine {self.name!r}: handshake port {_tcp_port(self.handshake)} leaves no "
+                    f"room for the default input/output ports (+{INPUT_PORT_OFFSET}, "
+                    f"+{OUTPUT_PORT_OFFSET}): use a lower port or give input and output")
+        if self.bind_host is not None and not _is_ip(self.bind_host):
+            raise ValueError(f"engine {self.name!r}: bind_host {self.bind_host!r} is not an IP "
+                             "address")
+        if (self.handshake.startswith("tcp://") and (self.input is None or self.output is None)
+                and _wildcard(_tcp_host(self.handshake)) and self.bind_host is None
+                and self.advertise_host is not None and not _is_ip(self.advertise_host)):
+            raise ValueError(
+                f"engine {self.name!r}: its handshake binds every interface and advertise_host "
+                f"{self.advertise_host!r} is a name: set bind_host (the IP address engines reach "
+                "this host at) or the input and output addresses (tcp://0.0.0.0:P binds every "
+                "interface, if that is what you want)")
 
     @property
     def is_http(self) -> bool:
@@ -102,26 +149,36 @@ class EngineSpec:
         if self.url is not None:
             host = urlsplit(self.url).hostname or ""
         elif self.handshake.startswith("tcp://"):
-            host = self.handshake[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+            host = _tcp_host(self.handshake)
         else:
             host = ""
-        return host if host not in ("", "*", "0.0.0.0", "::") else "127.0.0.1"
+        return host if host and not _wildcard(host) else "127.0.0.1"
 
     @property
     def input_address(self) -> str:
         """The input socket's bind address: ``input``, else beside the handshake."""
-        return self.input or self._beside(".in")
+        return self.input or self._beside(".in", INPUT_PORT_OFFSET)
 
     @property
     def output_address(self) -> str:
         """The output socket's bind address: ``output``, else beside the handshake."""
-        return self.output or self._beside(".out")
+        return self.output or self._beside(".out", OUTPUT_PORT_OFFSET)
 
-    def _beside(self, suffix: str) -> str:
-        # Same host as the handshake, a kernel-chosen port (a TCP port 0 is resolved at bind time).
-        if self.handshake.startswith("ipc://"):
+    def _beside(self, suffix: str, offset: int) -> str:
+        # Same interface as the handshake, on a port derived from its port (handshake port P:
+        # P + 1000 and P + 2000), so a restarted router binds the addresses its running engines
+        # still dial; a handshake on port 0 gets kernel-chosen ones. A wildcard handshake was
+        # asked for; its neighbours bind the one interface engines are told to dial, never
+        # every interface.
+        if not self.handshake.startswith("tcp://"):
             return self.handshake + suffix
-        return self.handshake.rsplit(":", 1)[0] + ":0"
+        host = _tcp_host(self.handshake)
+        if _wildcard(host):
+            host = self.bind_host or self.advertise_host or (
+                "::1" if host in ("::", "[::]") else "127.0.0.1")
+        port = _tcp_port(self.handshake)
+        port = port + offset if port else 0
+        return f"tcp://[{host}]:{port}" if ":" in host.strip("[]") else f"tcp://{host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +192,9 @@ class Limits:
     max_index_blocks: int = 4_000_000  # radix cap across engines (LRU beyond it)
     # An engine silent this long while it has requests is dead (its streams end with an error).
     engine_dead_after: float = 30.0
+    # A linked engine without work, not heard from this long, is probed with a cheap utility
+    # call; unanswered, it is dead (router/link/engine_health.py).
+    engine_idle_probe: float = 5.0
     # Work one request may ask for (render.sampling_checks.RequestLimits; docs/operations.md).
     max_n: int = MAX_N
     max_logprobs: int = 20  # vLLM's --max-logprobs: keep it equal to the engines'
@@ -152,6 +212,8 @@ class Limits:
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no limit) or more, got "
                              f"{self.max_logprobs}")
+        if not self.engine_idle_probe > 0:
+            raise ValueError(f"engine_idle_probe must be positive, got {self.engine_idle_probe}")
 
     @property
     def request(self) -> RequestLimits:
@@ -198,16 +260,24 @@ class StreamLimits:
     router's estimate of the events those outputs make: ``EVENT_BYTES`` per output plus
     ``LOGPROB_BYTES`` per logprob entry) the stream is cut and its request aborted on the
     engine. Checked every ``check_interval`` seconds while a stream waits on its client.
+
+    ``resume``: a stream whose engine dies after its first token goes on on another engine, up
+    to ``max_resumes`` times (router/routing/resume.py); a request turns it off with
+    ``"vllm_xargs": {"kvroute_resume": false}``.
     """
 
     max_unsent_bytes: int = 8 * 1024 * 1024
     check_interval: float = 0.25
+    resume: bool = True
+    max_resumes: int = 2
 
     def __post_init__(self) -> None:
         if self.max_unsent_bytes < 1:
             raise ValueError(f"max_unsent_bytes must be positive, got {self.max_unsent_bytes}")
         if not self.check_interval > 0:
             raise ValueError(f"check_interval must be positive, got {self.check_interval}")
+        if self.max_resumes < 0:
+            raise ValueError(f"max_resumes must be 0 or more, got {self.max_resumes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +373,10 @@ class RouterConfig:
     allow_runtime_lora_updating: bool = False
     # The engines' --structured-outputs-config (render/structured.py; TOML [structured_outputs]).
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    # Where the router keeps what engines said in their handshake, for a restart to re-adopt
+    # them with their KV feeds (router/routing/engine_memory.py); None: kept nowhere.
+    # `kvroute router` defaults it to $XDG_STATE_HOME/kvroute (~/.local/state/kvroute).
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
@@ -499,6 +573,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "`vllm serve --enable-scale-out` pod, reached over HTTP (repeatable; both kinds "
              "mix)",
     )
+    engines.add_argument(
+        "--state-dir",
+        help="where the engines' handshake answers are kept, so a restarted router re-adopts "
+             "running engines with their KV feeds (default $XDG_STATE_HOME/kvroute, else "
+             "~/.local/state/kvroute; '' keeps them nowhere)")
     engines.add_argument("--client-index", type=int,
                          help="this router's place in its ZMQ engines' frontend lists: 0 (the "
                               "default) owns their handshakes; i >= 1 is the i-th peer router "
@@ -567,9 +646,10 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
     for opt in opts:
         key, sep, val = opt.partition("=")
         if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
-                                  "peer_input", "peer_output"):
+                                  "advertise_host", "bind_host", "peer_input", "peer_output"):
             raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
-                              "output=, block_size=, peer_input=, peer_output=")
+                              "output=, block_size=, advertise_host=, bind_host=, peer_input=, "
+                              "peer_output=")
         if key in ("peer_input", "peer_output"):
             spec[key + "s"] = (*spec.get(key + "s", ()), val)
         elif key == "block_size":
@@ -613,6 +693,13 @@ def _key(file: str | None, env: Mapping[str, str], var: str, what: str) -> str |
     return value or None
 
 
+def default_state_dir(env: Mapping[str, str]) -> str:
+    """The XDG state directory's kvroute folder (``$XDG_STATE_HOME``, else ~/.local/state)."""
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local"
+                                             / "state")
+    return str(Path(base) / "kvroute")
+
+
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RouterConfig:
     """The config from parsed flags, the config file and the keys' environment variables
     (``env``, default the process's: read here once, nowhere else)."""
@@ -652,6 +739,10 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     runtime_lora = env_flag(env, RUNTIME_LORA_ENV)
     if runtime_lora is not None:
         data["allow_runtime_lora_updating"] = runtime_lora
+    if args.state_dir is not None:
+        data["state_dir"] = args.state_dir or None  # "": kept nowhere
+    elif "state_dir" not in data:
+        data["state_dir"] = default_state_dir(env)
     if args.engine:
         data["engines"] = [parse_engine_flag(v, i) for i, v in enumerate(args.engine)]
     policy = dict(data.get("policy", {}))

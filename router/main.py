@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
 from router.front.app import create_app
-from router.front.state import RouterState
+from router.front.state import CUT_GRACE, RouterState
 from router.obs import logs
 from serving.server import ServeOptions, bind_socket, serve_asgi
 
@@ -39,8 +39,10 @@ async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
     if on_started is not None:
         loop = asyncio.get_running_loop()
         loop.call_soon(on_started)
-    # SIGTERM is ours (readiness flips, streams drain, then the server closes), not the server's.
-    opts = ServeOptions(server=cfg.http_server, graceful_timeout=cfg.limits.drain_timeout,
+    # SIGTERM is ours (readiness flips, streams drain, what is left at the deadline is cut, then
+    # the server closes), not the server's: the server's own grace is only for the cut streams'
+    # last writes and requests not yet streaming.
+    opts = ServeOptions(server=cfg.http_server, graceful_timeout=CUT_GRACE,
                         error_log=False)  # router.obs.logs configures logging
     await serve_asgi(app, sock, opts, shutdown_trigger)
 

@@ -5,6 +5,7 @@
      │    ├── ContextLengthError                                prompt/max_tokens past the context
      │    ├── TemplateUnavailableError                          no chat template / not allowed
      │    ├── InvalidUserInputError 400 InvalidUserInput        a LoRA load/unload vLLM refuses
+     │    ├── TemplateLimitError                                a request's template over its limits
      │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = path
      ├── AuthenticationError      401 AuthenticationError       missing or wrong API key
      ├── NotFoundError            404 NotFoundError             unknown path
@@ -113,6 +114,13 @@ class InvalidUserInputError(BadRequestError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.type = "InvalidUserInput"
+class TemplateLimitError(BadRequestError):
+    """A request's own chat template took more time or memory than its render may; ``limit``
+    says which: "time", "memory", or "ended" (its render process ended)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message, "chat_template")
+        self.limit = limit
 
 
 class InvalidJSONError(BadRequestError):

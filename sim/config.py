@@ -22,7 +22,7 @@ FRONTEND_GONE_TIMEOUT_S = 120.0
 DEFAULT_NUM_GPU_BLOCKS = 2048
 # The library's (and `--vocab-size` mode's) context length; with a model the CLI takes its own.
 DEFAULT_MAX_MODEL_LEN = 4096
-OUTPUTS = ("echo", "random")
+OUTPUTS = ("echo", "random", "markov")
 
 
 class KVEventsConfig(msgspec.Struct, omit_defaults=False, gc=False):
@@ -83,7 +83,8 @@ class SimConfig:
     vllm_version: str = SIM_VLLM_VERSION
     dtype: str = "bfloat16"
     # "echo": the prompt's last line after a "(simulated)" mark (needs a tokenizer, else random);
-    # "random": words drawn by the request's key (tokens.py).
+    # "random": words drawn by the request's key; "markov": each word a hash of the ones before
+    # it, so a request continued from its own output goes on alike (tokens.py).
     output: str = "echo"
     # Seconds after the frontend disconnected before the engine exits on its own (0: never).
     frontend_gone_timeout: float = FRONTEND_GONE_TIMEOUT_S
@@ -188,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--output", choices=OUTPUTS, default="echo",
                        help="echo (default): answers repeat the prompt's last line after a "
                             "'(simulated)' mark; random: words drawn per request (vLLM's seed "
-                            "rules)")
+                            "rules); markov: each word a hash of the words before it (a request "
+                            "resumed from its own output continues alike)")
     model.add_argument("--eos-token-id", type=int, action="append", default=None)
     model.add_argument("--eos-prob", type=float, default=0.0,
                        help="chance per step (after min_tokens) of emitting the request's EOS id")

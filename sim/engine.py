@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -26,6 +26,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from sim.config import SimConfig
+from sim.histogram import LATENCY_BUCKETS, TTFT_BUCKETS, Histogram
 from sim.kv_publisher import KVEventPublisher
 from sim.lora import NOT_ENABLED, LoRAError, worker_failure
 from sim.protocol import (
@@ -37,7 +38,7 @@ from sim.protocol import (
 )
 from sim.request import SimRequest
 from sim.scheduler import Scheduler, StepPlan
-from sim.tokens import request_key
+from sim.tokens import markov_key, request_key
 from wire.engine import (
     ENGINE_CORE_DEAD,
     REQ_ABORT,
@@ -46,6 +47,8 @@ from wire.engine import (
     REQ_START_DP_WAVE,
     REQ_UTILITY,
     REQ_WAKEUP,
+    EngineCoreEvent,
+    EngineCoreEventType,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -80,6 +83,10 @@ class EngineTotals:
     prefix_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    # From the engine's QUEUED / SCHEDULED stamps: waiting before the first schedule, and the
+    # time to the first token as the engine sees it (from its receipt of the request).
+    queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
 
 
 class OutputEncoder:
@@ -189,7 +196,8 @@ class SimEngine:
                 "%d, %d blocks of %d, output %s%s)",
                 self.config.data_parallel_rank, self.config.handshake_address,
                 self.config.max_model_len, self.config.num_gpu_blocks, self.config.block_size,
-                self.config.output if self.config.tokens.tokenizer is not None else "random",
+                "random" if self.config.output == "echo" and self.config.tokens.tokenizer is None
+                else self.config.output,
                 f", KV events on {self.kv_publisher.config.endpoint}" if self.kv_publisher else "",
             )
             try:
@@ -340,11 +348,23 @@ class SimEngine:
                 totals.generation_tokens += len(o.new_token_ids)
                 if o.prefill_stats is not None:
                     totals.prompt_tokens += int(o.prefill_stats.get("num_prompt_tokens", 0))
+                if o.events:
+                    self._account_first(o.events, out.timestamp)
             stats = out.scheduler_stats
             prefix = stats.get("prefix_cache_stats") if isinstance(stats, dict) else None
             if isinstance(prefix, dict):
                 totals.prefix_queries += int(prefix.get("queries", 0))
                 totals.prefix_hits += int(prefix.get("hits", 0))
+
+    def _account_first(self, events: list[EngineCoreEvent], produced: float) -> None:
+        """A request's first output carries its QUEUED and first SCHEDULED stamps."""
+        queued = next((e.timestamp for e in events if e.type == EngineCoreEventType.QUEUED), None)
+        if queued is None:
+            return  # a resumed request's later events
+        scheduled = next(
+            (e.timestamp for e in events if e.type == EngineCoreEventType.SCHEDULED), queued)
+        self.totals.queue_time.observe(scheduled - queued)
+        self.totals.ttft.observe(produced - queued)
 
     def _send(self, io: EngineSockets, client: int, outputs: EngineCoreOutputs) -> None:
         outputs.engine_index = self.config.data_parallel_rank
@@ -425,6 +445,8 @@ class SimEngine:
         if cfg.output == "echo":
             sample = None if req.sampling_params.temperature == 0.0 else key
             sim_req.echo, sim_req.echo_loop = cfg.tokens.echo_ids(req.prompt_token_ids, sample)
+        elif cfg.output == "markov":
+            sim_req.markov = markov_key(cfg.seed, req.request_id, req.sampling_params)
         self.scheduler.add(sim_req, time.monotonic())
 
     def _reject_reason(self, req: EngineCoreRequest) -> str | None:

@@ -41,6 +41,7 @@ class SimRequest:
         "stream_start",
         "echo",
         "echo_loop",
+        "markov",
     )
 
     def __init__(self, req: EngineCoreRequest, key: int, max_model_len: int) -> None:
@@ -88,6 +89,8 @@ class SimRequest:
         # The echo answer (tokens.TokenTable.echo_ids), when the engine's output mode is "echo".
         self.echo: tuple[int, ...] = ()
         self.echo_loop = 0
+        # The markov output's key and whether draws depend on the position (tokens.markov_key).
+        self.markov: tuple[int, bool] | None = None
 
     def extra_keys(self, start_block: int, end_block: int) -> list[list[Any] | None]:
         """vLLM's per-block event extra keys: the LoRA name on every block, the salt on block 0."""

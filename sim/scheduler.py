@@ -22,7 +22,14 @@ from sim.config import SimConfig
 from sim.lora import LoRACache, LoRAError, worker_failure
 from sim.prefix_cache import BlockPool, chain_hashes
 from sim.request import SimRequest
-from sim.tokens import echo_stream, logprobs_row, next_token, splitmix64, token_stream
+from sim.tokens import (
+    echo_stream,
+    logprobs_row,
+    markov_token,
+    next_token,
+    splitmix64,
+    token_stream,
+)
 from wire.engine import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -316,6 +323,15 @@ class Scheduler:
         if eos is not None and p > 0.0 and pos >= req.min_tokens:
             if splitmix64(req.key ^ 0x5EED ^ pos) / _U64 < p:
                 return eos
+        if req.markov is not None:
+            key, positional = req.markov
+            token = markov_token(table, splitmix64(key ^ pos) if positional else key,
+                                 req.tokens)
+            salt = 0
+            while token in masked and salt < 64:
+                salt += 1
+                token = next_token(table, key ^ salt, pos)
+            return token
         k = pos - req.stream_start
         if not 0 <= k < len(req.stream):
             if req.echo:

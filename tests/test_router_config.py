@@ -198,3 +198,44 @@ def test_link_table_guards_the_engine_sockets() -> None:
         from_mapping({"link": {"allowed_peers": "10.0.0.5"}})
     with pytest.raises(ConfigError, match="max_kv_msg_bytes must be int"):
         from_mapping({"link": {"max_kv_msg_bytes": "big"}})
+
+
+@pytest.mark.parametrize(("engine", "bound"), [
+    ({"handshake": "tcp://0.0.0.0:13345"}, ("127.0.0.1", 14345, 15345)),  # told loopback
+    ({"handshake": "tcp://*:13345"}, ("127.0.0.1", 14345, 15345)),
+    ({"handshake": "tcp://[::]:13345"}, ("[::1]", 14345, 15345)),
+    ({"handshake": "tcp://0.0.0.0:13345", "advertise_host": "10.0.0.9"},
+     ("10.0.0.9", 14345, 15345)),
+    ({"handshake": "tcp://0.0.0.0:13345", "advertise_host": "router.svc",
+      "bind_host": "10.0.0.7"}, ("10.0.0.7", 14345, 15345)),
+    ({"handshake": "tcp://10.1.2.3:13345"}, ("10.1.2.3", 14345, 15345)),
+    ({"handshake": "tcp://10.1.2.3:0"}, ("10.1.2.3", 0, 0)),  # kernel-chosen, as the handshake
+    ({"handshake": "tcp://0.0.0.0:13345", "input": "tcp://0.0.0.0:7",
+      "output": "tcp://0.0.0.0:8"}, ("0.0.0.0", 7, 8)),  # a wildcard asked for is kept
+])
+def test_default_input_and_output_sit_beside_the_handshake_never_on_a_wildcard(
+        engine: dict[str, str], bound: tuple[str, int, int]) -> None:
+    """Same interface as the handshake (a wildcard's: the one engines are told to dial), ports
+    derived from the handshake's: a restarted router binds what its engines still dial."""
+    [spec] = from_mapping({"engines": [engine]}).engines
+    host, inp, out = bound
+    assert (spec.input_address, spec.output_address) == (f"tcp://{host}:{inp}",
+                                                          f"tcp://{host}:{out}")
+
+
+def test_a_handshake_port_without_room_for_its_neighbours_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no room for the default input/output ports"):
+        from_mapping({"engines": [{"handshake": "tcp://127.0.0.1:64000"}]})
+    [spec] = from_mapping({"engines": [{"handshake": "tcp://127.0.0.1:64000",
+                                        "input": "tcp://127.0.0.1:1", "output": "ipc:///x"}]}).engines
+    assert spec.output_address == "ipc:///x"
+
+
+def test_a_wildcard_handshake_advertising_a_name_needs_a_bind_host() -> None:
+    engine = {"handshake": "tcp://0.0.0.0:13345", "advertise_host": "router.svc"}
+    with pytest.raises(ConfigError, match=r"engines\[0\].*set bind_host"):
+        from_mapping({"engines": [engine]})
+    with pytest.raises(ConfigError, match="bind_host 'eth0' is not an IP address"):
+        from_mapping({"engines": [{**engine, "bind_host": "eth0"}]})
+    cfg = parse(["--engine", "a=tcp://0.0.0.0:1,advertise_host=router.svc,bind_host=10.0.0.7"])
+    assert cfg.engines[0].input_address == "tcp://10.0.0.7:1001"

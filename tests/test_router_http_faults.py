@@ -38,8 +38,11 @@ def pods() -> Iterator[LocalCluster]:
 def test_pod_killed_mid_stream(pods: LocalCluster) -> None:
     client = openai.OpenAI(base_url=f"{pods.base_url}/v1", api_key="x", max_retries=0,
                            timeout=30)
+    # Not resumed on the other pod (test_a_pod_killed_mid_stream_resumes_on_another): the
+    # error event stays.
     with client.chat.completions.with_streaming_response.create(
-            **_chat("long one", 2000), stream=True) as resp:
+            **_chat("long one", 2000), stream=True,
+            extra_body={"vllm_xargs": {"kvroute_resume": False}}) as resp:
         victim = resp.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
         chunks = resp.parse()
         next(chunks)
@@ -80,3 +83,21 @@ def test_no_token_request_is_retried_on_another_pod(pods: LocalCluster) -> None:
     with httpx.Client(base_url=pods.base_url) as http:
         r = http.post("/v1/chat/completions", json=_chat("after the death", 4))
         assert r.status_code == 200 and pods.names[1] in r.headers["x-kvroute-route"]
+
+
+@pytest.mark.slow
+def test_a_pod_killed_mid_stream_resumes_on_another(pods: LocalCluster) -> None:
+    """Resuming sits above the transport: a pod's stream goes on on the other pod, one answer."""
+    with httpx.Client(base_url=pods.base_url, timeout=60) as http, http.stream(
+            "POST", "/v1/chat/completions",
+            json=_chat("long one", 200, stream=True, temperature=0)) as r:
+        victim = r.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        pods.kill_engine(victim)
+        events = [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert "error" not in events[-2], events[-2]
+        assert '"finish_reason":"length"' in events[-2]
+        metrics = http.get("/metrics").text
+    assert 'kvroute_resumes_total{outcome="resumed"} 1.0' in metrics

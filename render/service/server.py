@@ -41,6 +41,7 @@ from render.service.config import ServerConfig, parse_args
 from render.service.fast_route import FastRenderRoute
 from render.service.loading import Codecs, load_models
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
+from render.service.sandbox import TemplateSandbox
 from render.service.state import STATE_KEY, Models, RenderState, render_state
 from serving.body import JSON, json_response, read_body
 from serving.errors import APIError
@@ -63,9 +64,9 @@ T = TypeVar("T")
 
 
 async def offloaded(st: RenderState, path: str, body: bytes) -> Response | None:
-    """The answer of a render helper process for a big body (render/service/offload.py); None: none
-    answered, render it here."""
-    done = None if st.helper is None else await st.helper.render(path, body)
+    """The answer of a helper process (a template helper for a request's own chat template, a
+    render helper for a big body); None: none answered, render it here."""
+    done = await st.offloaded(path, body)
     if done is None:
         return None
     if path in (CHAT, COMPLETIONS):
@@ -171,15 +172,21 @@ def create_app(cfg: ServerConfig, *,
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.
-        helper = RenderHelper(cfg, metrics)
+        helper = RenderHelper(cfg, metrics.helpers)
         helper.start()
+        sandbox = TemplateSandbox(cfg, metrics) if cfg.allow_request_chat_template else None
+        if sandbox is not None:
+            sandbox.start()
         st = RenderState(Models(registry, int(time.time())), tuple(m.model for m in cfg.models),
-                         cfg.limits, pool, Codecs(), metrics, helper, cfg.lora_modules)
+                         cfg.limits, pool, Codecs(), metrics, helper, cfg.lora_modules,
+                         sandbox)
         if on_ready is not None:
             on_ready()
         try:
             yield {STATE_KEY: st}
         finally:
+            if sandbox is not None:
+                await sandbox.close()
             await helper.close()
             pool.shutdown(wait=False, cancel_futures=True)
 

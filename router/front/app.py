@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -43,6 +44,7 @@ from router.config import ConfigError, RouterConfig
 from router.front import control, handlers, lora
 from router.front.fast_path import FastPath
 from router.front.render_client import RenderClient
+from router.front.shutdown import cut_open_requests
 from router.front.state import STATE_KEY as ROUTER_KEY
 from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
@@ -56,6 +58,7 @@ from router.routing.admission import Admission
 from router.routing.discovered import Reconciler, http_spec
 from router.routing.dispatch import Dispatcher
 from router.routing.drain import Drains
+from router.routing.engine_memory import EngineMemory
 from router.routing.fleet import Fleet
 from router.routing.policy import Policy
 from serving.errors import (
@@ -240,11 +243,13 @@ def create_app(cfg: RouterConfig,
             EngineClient(client_index=cfg.link.client_index,
                          dead_after=cfg.limits.engine_dead_after,
                          max_msg_size=cfg.link.max_output_msg_bytes,
-                         allowed_peers=cfg.link.allowed_peers),
+                         allowed_peers=cfg.link.allowed_peers,
+                         idle_probe_after=cfg.limits.engine_idle_probe),
             HttpEngineClient(cfg.link, dead_after=cfg.limits.engine_dead_after,
                              max_logprobs=cfg.limits.max_logprobs))
         await client.start()
-        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes)
+        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes,
+                          allowed_peers=cfg.link.allowed_peers)
         await kv.start()
         adapters = Adapters(client, models.registry)
         adapters.add_static(cfg.lora_modules)
@@ -256,12 +261,13 @@ def create_app(cfg: RouterConfig,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
         fleet = Fleet(client, kv, index, admission, cfg.engines,
                       max_model_len=min(r.max_model_len for r in models.registry),
-                      adapters=adapters)
+                      adapters=adapters, memory=EngineMemory(cfg.state_dir))
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
         dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics,
-                                adapters=adapters)
+                                adapters=adapters,
+                                max_resumes=cfg.streams.max_resumes if cfg.streams.resume else 0)
         drains = Drains(fleet, dispatcher)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
@@ -280,6 +286,7 @@ def create_app(cfg: RouterConfig,
             generate_decoder=msgspec.json.Decoder(GenerateRequest), adapters=adapters)
         # For in-process tools (demo, tests): the same object the handlers see.
         app.state.live = st
+        lifecycle.cut = partial(cut_open_requests, st)
         # The startup heap (tokenizers, templates, the index) lives as long as the process, yet
         # each full collection re-scans it, a pause in the middle of streams that grows with the
         # heap. Freeze it.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from output.openai_types import Chunk, Completion, PromptTokensDetails, Usage
 from output.pipeline import Pipeline, PipelineSpec
-from router.link.request_stream import RequestStream
+from router.link.request_stream import ChoiceStream
 from router.routing.dispatch import Routed
 from wire.engine import EngineCoreOutput
 
@@ -37,7 +37,7 @@ class RoutedGroup:
     def __init__(self, parts: Sequence[Routed]) -> None:
         self.parts = tuple(parts)
         self.decision = GroupDecision(self.parts)
-        self.streams: list[RequestStream] = [s for p in self.parts for s in p.streams]
+        self.streams: list[ChoiceStream] = [s for p in self.parts for s in p.streams]
         self.first: list[EngineCoreOutput] = [f for p in self.parts for f in p.first]
 
     @property

@@ -19,7 +19,7 @@ from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
 from router.routing.dispatch import Routed
-from serving.errors import EngineOutputError, error_json
+from serving.errors import EngineOutputError, ShuttingDownError, error_json
 from wire.engine import EngineCoreOutput
 
 _JSON = msgspec.json.Encoder()
@@ -104,7 +104,7 @@ class EngineResponse:
             work = task  # done: awaiting it below takes no loop pass
         try:
             body, code = _JSON.encode(await work), 200
-        except (EngineOutputError, EngineLinkError) as exc:
+        except (EngineOutputError, EngineLinkError, ShuttingDownError) as exc:
             body, code = error_json(exc), exc.status
         # A declared length: without it both servers frame the body chunked, and the client
         # waits for a third write (the empty last chunk) before the answer is complete.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from router.routing.fleet import Fleet
 
 STATE_KEY = "kvroute.router"
+# After the drain deadline has cut the open streams: how long they get to write their error event
+# and [DONE], and so how long the HTTP server then waits for what is left.
+CUT_GRACE = 2.0
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Lifecycle:
     draining: bool = False
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Ends every request still open (router/front/shutdown.py; set by the lifespan).
+    cut: Callable[[], Awaitable[int]] | None = None
 
     def enter(self) -> None:
         self.active += 1
@@ -53,13 +58,21 @@ class Lifecycle:
             self.idle.set()
 
     async def drain(self, timeout: float) -> bool:
-        """Flip readiness, then wait for streams to finish; True if all did in time."""
+        """Flip readiness, then wait for streams to finish; True if all did in time. At the
+        deadline what is still open is cut (an error event and [DONE]) and gets CUT_GRACE to
+        write it."""
         self.draining = True
         if self.active == 0:
             return True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.idle.wait(), timeout)
-        return self.active == 0
+        if self.active == 0:
+            return True
+        if self.cut is not None:
+            await self.cut()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), CUT_GRACE)
+        return False
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -32,6 +32,7 @@ from serving.errors import (
 )
 from wire.engine import EngineCoreOutput, EngineCoreRequest, EngineError, FinishReason
 from wire.ndarrays import LogprobRows
+from wire.sampling import SamplingParams
 from wire.token_api import (
     GENERATE_PATH,
     ErrorResponse,
@@ -49,6 +50,7 @@ _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH,
            "abort": FinishReason.ABORT, "error": FinishReason.ERROR,
            "repetition": FinishReason.REPETITION}
 _DONE = b"[DONE]"
+_DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 # Largest error body or single SSE event kept; a pod's are a few hundred bytes.
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 
@@ -74,7 +76,13 @@ def generate_body(request: EngineCoreRequest, max_logprobs: int) -> bytes:
         sampling_params=sent, model=lora.lora_name if lora is not None else None,
         stream=True, stream_options=_USAGE, cache_salt=request.cache_salt,
         priority=request.priority)
-    return _ENCODER.encode(body)
+    if sent.max_tokens != _DEFAULT_MAX_TOKENS:
+        return _ENCODER.encode(body)
+    # omit_defaults drops max_tokens equal to SamplingParams' default (16), and a pod given no
+    # max_tokens generates up to its context length: send it explicitly.
+    raw = msgspec.to_builtins(body)
+    raw["sampling_params"]["max_tokens"] = sent.max_tokens
+    return _ENCODER.encode(raw)
 
 
 def request_bytes(host: str, path: str, body: bytes, auth: bytes = b"") -> bytes:

@@ -105,6 +105,13 @@ class RouterMetrics:
             "kvroute_in_flight", "Requests the router has on an engine", ["engine"], registry=r)
         self.stream_errors = Counter(
             "kvroute_stream_errors", "Streams ended with an error chunk", registry=r)
+        self.resumes = Counter(
+            "kvroute_resumes", "Streams whose engine died after a token, by outcome: resumed "
+            "on another engine, or failed (no engine, or it failed too)", ["outcome"],
+            registry=r)
+        self.resumed_tokens = Counter(
+            "kvroute_resumed_tokens", "Tokens sent again as a resumed request's prompt (its "
+            "prompt plus the output so far)", registry=r)
         # What every routed request updates, as tallies (router/obs/metric_tally.py): requests by
         # (endpoint, status), decisions by (policy, reason, engine), cached tokens by engine.
         t = self.tallies

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -15,12 +15,13 @@ import msgspec
 from render.errors import BadRequestError
 from router.kvfeed.kv_subscriber import kv_namespace
 from router.link.engine_state import EngineStatus
-from router.link.request_stream import RequestStream
+from router.link.request_stream import ChoiceStream, RequestStream
 from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
+from router.routing.resume import ResumableStream, resumable
 from serving.errors import APIError, EngineLinkError, OverloadedError
 from wire.engine import EngineCoreOutput, EngineCoreRequest, LoRARequest
 from wire.sampling import SamplingParams
@@ -35,7 +36,7 @@ class Placed(Protocol):
     """Engine streams holding router slots: one routed request, or several (multi_prompt.py)."""
 
     @property
-    def streams(self) -> list[RequestStream]: ...
+    def streams(self) -> list[ChoiceStream]: ...
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class Routed:
 
     decision: Decision
     uncached_tokens: int
-    streams: list[RequestStream]
+    streams: list[ChoiceStream]
     first: list[EngineCoreOutput]
     attempts: int = 1
     _prefilled: bool = field(default=False)
@@ -67,10 +68,12 @@ class Dispatcher:
 
     def __init__(self, client: EngineLinks, policy: Policy, admission: Admission,
                  metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic,
-                 adapters: Adapters | None = None) -> None:
+                 adapters: Adapters | None = None, max_resumes: int = 0) -> None:
         self.client = client
         # The LoRA adapters and the engines that loaded each (None: no adapter is served).
         self.adapters = adapters
+        # How often one choice may go on on another engine after its engine died (0: never).
+        self.max_resumes = max_resumes
         self.policy = policy
         self.admission = admission
         self.metrics = metrics
@@ -133,7 +136,6 @@ class Dispatcher:
                                            attempt)
                 if lora is not None and self.adapters is not None:
                     self.adapters.routed(decision.engine, lora)
-                return routed
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
@@ -144,6 +146,10 @@ class Dispatcher:
                     self.metrics.retries.inc()
                 log.warning("engine failed before the first token", extra={
                     "request_id": request_id, "engine": engine, "error": str(exc)})
+            else:
+                if self.max_resumes and resumable(params):
+                    self._resumable(routed, children)
+                return routed
         if last_error is not None:
             raise last_error
         if lora is not None:
@@ -160,6 +166,54 @@ class Dispatcher:
             return set(self.client.engines), frozenset()
         usable = self.adapters.usable(lora)
         return {e for e in self.client.engines if e not in usable}, self.adapters.holders(lora)
+
+    def _resumable(self, routed: Routed, children: list[EngineCoreRequest]) -> None:
+        """Each unfinished choice goes on on another engine if its engine dies (resume.py)."""
+        lora, salt, priority = children[0].lora_request, children[0].cache_salt, \
+            children[0].priority
+
+        async def reopen(request_id: str, tokens: Sequence[int], params: SamplingParams,
+                         excluded: Collection[str]) -> tuple[RequestStream, EngineCoreOutput]:
+            return await self._reopen(request_id, tokens, params, lora, salt, priority,
+                                      set(excluded))
+
+        for i, stream in enumerate(routed.streams):
+            if isinstance(stream, RequestStream) and not routed.first[i].finished:
+                routed.streams[i] = ResumableStream(
+                    stream, children[i], routed.first[i], reopen=reopen,
+                    release=self.admission.release, abort=self.client.abort,
+                    metrics=self.metrics, max_resumes=self.max_resumes)
+
+    async def _reopen(self, request_id: str, tokens: Sequence[int], params: SamplingParams,
+                      lora: LoRARequest | None, cache_salt: str | None, priority: int,
+                      excluded: set[str]) -> tuple[RequestStream, EngineCoreOutput]:
+        """Place one resumed choice on an engine not in ``excluded`` and read its first output;
+        raises OverloadedError (no engine) or the engine's error (no retry: the caller ends the
+        stream)."""
+        namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
+        holders: frozenset[str] | None = None
+        if lora is not None:
+            blocked, holders = self._lora_engines(lora)
+            excluded |= blocked
+        chosen = await self._choose(tokens, namespace, excluded, holders)
+        if chosen is None:
+            raise OverloadedError(503, "No healthy engine is available to resume on.",
+                                  self.admission.retry_after)
+        decision, note = chosen
+        child = EngineCoreRequest(request_id, list(tokens), None, params, None, time.time(),
+                                  lora, cache_salt, None, priority=priority)
+        try:
+            routed = await self._place(request_id, len(tokens), [child], decision, note, 1)
+        except StopAsyncIteration as exc:
+            raise EngineLinkError(f"the resumed request ended at once ({exc!r})") from None
+        except EngineLinkError:
+            self._failed(decision.engine)
+            raise
+        stream = routed.streams[0]
+        assert isinstance(stream, RequestStream)
+        log.warning("stream resumed on another engine", extra={
+            "request_id": request_id, "engine": decision.engine, "tokens": len(tokens)})
+        return stream, routed.first[0]
 
     async def _choose(self, tokens: Sequence[int], namespace: Hashable, excluded: set[str],
                       holders: frozenset[str] | None = None
@@ -198,7 +252,7 @@ class Dispatcher:
         share = uncached // len(children)
         for _ in children:
             self.admission.take(engine, share)
-        streams: list[RequestStream] = []
+        streams: list[ChoiceStream] = []
         noted = False
         try:
             for child in children:

@@ -14,6 +14,7 @@ from router.link.engine_state import EngineStatus
 from router.link.transport import EngineLinks
 from router.routing.adapters import Adapters
 from router.routing.admission import Admission
+from router.routing.engine_memory import EngineMemory
 
 log = logging.getLogger("kvroute.fleet")
 
@@ -23,10 +24,13 @@ class Fleet:
 
     def __init__(self, client: EngineLinks, kv: KVSubscriber, index: PrefixIndex,
                  admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
-                 max_model_len: int | None = None, adapters: Adapters | None = None) -> None:
+                 max_model_len: int | None = None, adapters: Adapters | None = None,
+                 memory: EngineMemory | None = None) -> None:
         self.client = client
         # The LoRA adapters, loaded onto each engine as it turns ready.
         self.adapters = adapters
+        # The engines' ready maps kept across router restarts (None: not kept).
+        self.memory = memory or EngineMemory(None)
         # The context length the router's render admits prompts to (None: not checked).
         self.max_model_len = max_model_len
         self.kv = kv
@@ -87,6 +91,12 @@ class Fleet:
         eng = self.client.engines[name]
         spec = self.specs.get(name)
         info = eng.ready
+        if spec is not None:
+            if info is not None:
+                self.memory.remember(spec, info)
+            elif eng.adopted:
+                # Re-adopted after a router restart: no handshake, so what it said last time.
+                info = self.memory.recall(spec)
         block_size = info.block_size if info is not None and info.block_size else None
         if block_size is None and spec is not None:
             block_size = spec.block_size  # re-adopted: no ready map this time

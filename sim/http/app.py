@@ -4,6 +4,8 @@
     POST /inference/v1/abort_requests  {"request_ids": [...]} (the engine's ids)
     POST /v1/completions, /v1/chat/completions   rendered here, answered in OpenAI's shapes
     GET  /kv_event_sources, /health, /metrics (vLLM's metric names), /v1/models
+    POST /v1/chat/completions/render, /v1/completions/render, /tokenize, /reset_prefix_cache,
+         /sim/prefix_cache/match   (sim/http/extra_routes.py)
 
 Requests are rendered by ``render`` (the tokens vLLM computes) and answered through the same
 output pipeline the router runs (``output``: vLLM's chunk shapes, SSE framing, usage); the
@@ -52,6 +54,7 @@ from serving.errors import (
 from serving.http_errors import ErrorPath
 from sim.config import SimConfig
 from sim.engine import SimEngine
+from sim.http.extra_routes import extra_routes
 from sim.http.link import FaceLink, Outputs, merged
 from sim.http.metrics import metrics_text
 from wire.engine import EngineCoreOutput, EngineCoreRequest
@@ -134,6 +137,7 @@ def create_app(engine: SimEngine, on_ready: Callable[[], None] | None = None,
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *extra_routes(_state, _check_model),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers=dict(ErrorPath().handlers()))

@@ -1,18 +1,21 @@
-"""The HTTP face's link to its engine: ADD / ABORT over inproc ZMQ, outputs demultiplexed.
+"""The HTTP face's link to its engine: ADD / ABORT / UTILITY over inproc ZMQ, outputs demultiplexed.
 
 As `vllm serve` is an API server in front of its EngineCore, the face is one more client of
 the engine's busy loop: it sends ``[request type, msgpack]`` on an inproc PUSH the engine
 polls beside its ZMQ frontend's sockets, and reads the engine's ``EngineCoreOutputs`` (client
-index ``FACE_CLIENT``) on an inproc PULL, in one reader task that feeds per-request queues.
+index ``FACE_CLIENT``) on an inproc PULL, in one reader task that feeds per-request queues and
+answers utility calls (run between two of the engine's polls, as vLLM's between steps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import msgspec
 import zmq
@@ -22,10 +25,12 @@ from sim.engine import FACE_CLIENT, SimEngine
 from wire.engine import (
     REQ_ABORT,
     REQ_ADD,
+    REQ_UTILITY,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishReason,
+    UtilityOutput,
     enc_hook,
     ext_hook,
 )
@@ -83,6 +88,8 @@ class FaceLink:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
         self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs, ext_hook=ext_hook)
         self.requests: dict[str, Outputs] = {}
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -112,11 +119,25 @@ class FaceLink:
         if ids:
             await self._in.send_multipart((REQ_ABORT, self._encoder.encode(ids)))
 
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Run ``EngineCore.<method>(*args)`` on the engine; its value, or UtilityFailed."""
+        call_id = next(self._call_ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            await self._in.send_multipart(
+                (REQ_UTILITY, self._encoder.encode((FACE_CLIENT, call_id, method, args))))
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
     async def _read(self) -> None:
         while True:
             frames = await self._out.recv_multipart(copy=True)
             try:
                 outs = self._decoder.decode(frames[0])
+                if outs.utility_output is not None:
+                    self._answer(outs.utility_output)
                 for out in outs.outputs:
                     if out.new_logprobs is not None:
                         out.new_logprobs = rows_of(out.new_logprobs, frames)
@@ -128,6 +149,22 @@ class FaceLink:
                     stream.push(out)
             except (msgspec.DecodeError, ValueError) as exc:
                 log.error("unreadable engine output: %s", exc)
+
+
+    def _answer(self, out: UtilityOutput) -> None:
+        future = self._calls.get(out.call_id)
+        if future is None or future.done():
+            return
+        if out.failure_message is not None:
+            future.set_exception(UtilityFailed(out.failure_message))
+        else:  # vLLM's UtilityResult: [type_info, value]
+            result = out.result
+            future.set_result(result[1] if isinstance(result, list) and len(result) == 2
+                              else result)
+
+
+class UtilityFailed(Exception):
+    """The engine ran a utility method and reported its failure (the message is vLLM's)."""
 
 
 async def merged(streams: list[Outputs]) -> AsyncIterator[tuple[int, EngineCoreOutput]]:

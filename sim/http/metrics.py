@@ -3,7 +3,10 @@
 Routers read ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` as a pod's load and
 ``vllm:prefix_cache_queries_total`` / ``_hits_total`` as its cache hit rate;
 ``process_start_time_seconds`` tells a restarted process (prometheus_client's process metric,
-which vLLM exports too).
+which vLLM exports too). ``vllm:request_queue_time_seconds`` and
+``vllm:time_to_first_token_seconds`` are vLLM's histograms, timed from the engine's receipt of
+each request (vLLM times TTFT from its API server's; the sim's face adds well under a
+millisecond).
 """
 
 from __future__ import annotations
@@ -42,4 +45,12 @@ def metrics_text(engine: SimEngine, model: str) -> bytes:
     ):
         base = name.removesuffix("_total")
         lines += [f"# HELP {base} {doc}", f"# TYPE {base} {kind}", f"{name}{labels} {value}"]
+    for name, doc, hist in (
+        ("vllm:request_queue_time_seconds",
+         "Histogram of time spent in WAITING phase for request.", t.queue_time),
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+         t.ttft),
+    ):
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} histogram",
+                  *hist.lines(name, labels[1:-1])]
     return ("\n".join(lines) + "\n").encode()
