@@ -13,7 +13,9 @@ import pytest
 
 from discovery.selector import Selector
 from router.front.app import PROBES
+from router.front.state import CUT_GRACE
 from router.routing.policy import POLICIES
+from serving.server import ServeOptions
 from tests.chart import CHART, EXAMPLES, FULL, NAMESPACE, Rendered, helm, render, template_args
 
 pytestmark = pytest.mark.deploy
@@ -84,8 +86,6 @@ def test_pods_of_your_own_found_by_your_selector_in_their_namespace() -> None:
 
 
 def test_grace_periods_cover_the_drains() -> None:
-    from router.front.state import CUT_GRACE
-
     for example in ("pods-small", "pods-large", "headless"):
         r = render(EXAMPLE[example])
         router = r.container(f"{FULL}-router")
@@ -109,8 +109,6 @@ def test_grace_periods_cover_the_drains() -> None:
 
 
 def test_render_s_grace_covers_its_server_s_graceful_timeout() -> None:
-    from serving.server import ServeOptions
-
     r = render(EXAMPLE["render-only"])
     pre = r.container(f"{FULL}-render")["lifecycle"]["preStop"]["sleep"]["seconds"]
     grace = r.pod(f"{FULL}-render")["spec"]["terminationGracePeriodSeconds"]
