@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from discovery.selector import Selector
+from router.config import from_mapping
 from router.front.app import PROBES
 from router.front.state import CUT_GRACE
 from router.routing.policy import POLICIES
@@ -258,6 +261,18 @@ def test_service_monitors_scrape_the_router_and_render_services() -> None:
         assert monitor["selector"]["matchLabels"].items() <= labels.items()
         assert monitor["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
         assert monitor["endpoints"][0]["path"] == "/metrics"
+
+
+@pytest.mark.parametrize("topology", ["pods", "headless"])
+def test_extra_config_reaches_every_router(topology: str, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"topology": topology, "headless": {"routers": 2},
+                                      "router": {"extraConfig": "[streams]\nmax_resumes = 1\n"}}))
+    r = render(values)
+    files = r.get("ConfigMap", f"{FULL}-router")["data"]
+    assert len(files) == (1 if topology == "pods" else 2)
+    for text in files.values():
+        assert from_mapping(tomllib.loads(text)).streams.max_resumes == 1
 
 
 def test_the_schema_refuses_what_the_chart_cannot_run() -> None:
