@@ -280,7 +280,8 @@ def test_the_schema_refuses_what_the_chart_cannot_run() -> None:
     assert schema["properties"]["router"]["properties"]["policy"]["enum"] == list(POLICIES)
     for bad, says in (("topology=zmq", "topology"), ("router.replica=3", "replica"),
                       ("keys.api.as=argv", "as"), ("router.policy=fastest", "policy"),
-                      ("pods.portName=Not_A_Name", "portName")):
+                      ("pods.portName=Not_A_Name", "portName"),
+                      ("pods.create=false", "pods.selector")):  # whose pods, then?
         done = helm(*template_args(None, (bad,)), check=False)
         assert done.returncode != 0 and says in done.stderr, bad
 
