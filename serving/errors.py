@@ -114,6 +114,8 @@ class InvalidUserInputError(BadRequestError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.type = "InvalidUserInput"
+
+
 class TemplateLimitError(BadRequestError):
     """A request's own chat template took more time or memory than its render may; ``limit``
     says which: "time", "memory", or "ended" (its render process ended)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from sim.protocol import (
     complete_handshake,
     connect_handshake,
     connect_io,
+    drain_signal_fd,
     receive_addresses,
 )
 from sim.request import SimRequest
@@ -114,8 +116,11 @@ class OutputEncoder:
 class SimEngine:
     """Run with ``run()`` (blocking: handshake, then serve until ``stop()``)."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, signal_fd: socket.socket | None = None) -> None:
         self.config = config
+        # The process's signal wakeup socket (set by ``kvroute sim-engine``), polled beside the
+        # wake socket: a signal taken by another thread must still end a blocking poll.
+        self._signal_fd = signal_fd
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.scheduler = Scheduler(config)
@@ -226,7 +231,8 @@ class SimEngine:
         assert self.config.handshake_address is not None
         hs = connect_handshake(self._ctx, self.config)
         try:
-            addresses = receive_addresses(hs, self.config.handshake_timeout, self._wake_rx)
+            addresses = receive_addresses(
+                hs, self.config.handshake_timeout, self._wake_rx, self._signal_fd)
             if addresses is None:
                 return None
             self._start_kv_publisher()
@@ -274,6 +280,9 @@ class SimEngine:
         for s in io.inputs:
             poller.register(s, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        signal_fd = self._signal_fd.fileno() if self._signal_fd is not None else None
+        if self._signal_fd is not None:
+            poller.register(self._signal_fd, zmq.POLLIN)
         if self._face_in is not None:
             poller.register(self._face_in, zmq.POLLIN)
         replay = self.kv_publisher.replay if self.kv_publisher else None
@@ -305,6 +314,10 @@ class SimEngine:
             for sock, _ in poller.poll(timeout):
                 if sock is self._wake_rx:
                     return
+                if sock == signal_fd:
+                    assert self._signal_fd is not None
+                    drain_signal_fd(self._signal_fd)  # the handler has run: wake_rx is next
+                    continue
                 if sock is self._monitor:
                     gone_since = self._frontend_events(gone_since)
                 elif sock is replay:

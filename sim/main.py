@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
 
@@ -37,7 +38,13 @@ def cli(argv: list[str]) -> int:
     # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop it.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    engine = SimEngine(config)
+    # A signal may be taken by a thread other than the one blocked in zmq's poll, which then
+    # goes on waiting: the wakeup socket makes that poll return, and the handler runs.
+    wake_rx, wake_tx = socket.socketpair()
+    wake_rx.setblocking(False)
+    wake_tx.setblocking(False)
+    signal.set_wakeup_fd(wake_tx.fileno(), warn_on_full_buffer=False)
+    engine = SimEngine(config, signal_fd=wake_rx)
     face = None
     if config.http is not None:
         from sim.http.face import HttpFace
