@@ -42,6 +42,7 @@ class ClusterOptions:
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
+    served_model_name: str | None = None  # the name clients use (default: the model's)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
     port: int = 0  # the router's port on 127.0.0.1 (0: any free one)
@@ -83,7 +84,8 @@ class LocalCluster:
         if control.ipc_dir is None:
             control = dataclasses.replace(control, ipc_dir=str(self.dir))
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
-                            model=model, render_url=self.options.render_url,
+                            model=model, served_model_name=self.options.served_model_name,
+                            render_url=self.options.render_url,
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
