@@ -11,14 +11,18 @@ from serving.errors import APIError as RenderError
 from serving.errors import (
     BadRequestError,
     ContextLengthError,
+    InputProcessorError,
     ModelNotFoundError,
     TemplateUnavailableError,
+    vllm_message,
 )
 
 __all__ = [
     "BadRequestError",
     "ContextLengthError",
+    "InputProcessorError",
     "ModelNotFoundError",
     "RenderError",
     "TemplateUnavailableError",
+    "vllm_message",
 ]

@@ -165,6 +165,18 @@ class LinkConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Frontend:
+    """vLLM's OpenAI-server switches for what an answer carries, with vLLM's defaults (off)."""
+
+    # usage.prompt_tokens_details (the engine's cached prompt tokens) in every usage.
+    enable_prompt_tokens_details: bool = False
+    # A stream's usage chunk even when the client did not ask for it (stream_options).
+    enable_force_include_usage: bool = False
+    # Logprob tokens as "token_id:N" unless the request says otherwise.
+    return_tokens_as_token_ids: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -182,6 +194,7 @@ class RouterConfig:
     api_key: str | None = field(default=None, repr=False)  # kept out of the repr (logs)
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    frontend: Frontend = field(default_factory=Frontend)
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
@@ -274,10 +287,11 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
             raise ConfigError("link: allowed_peers must be a list of IP addresses")
         link_data["allowed_peers"] = tuple(peers)
     link = _build(LinkConfig, link_data, "link")
+    frontend = _build(Frontend, data.pop("frontend", {}), "frontend")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams, "link": link},
+         "control": control, "streams": streams, "link": link, "frontend": frontend},
         "top level",
     )
 
@@ -350,6 +364,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-output-entries", type=int,
                         help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
                              "0: no limit)")
+    frontend = parser.add_argument_group("answers (vLLM's OpenAI-server switches)")
+    frontend.add_argument("--enable-prompt-tokens-details", action="store_true", default=None,
+                          help="usage.prompt_tokens_details.cached_tokens in every usage")
+    frontend.add_argument("--enable-force-include-usage", action="store_true", default=None,
+                          help="a usage chunk ends every stream, asked for or not")
+    frontend.add_argument("--return-tokens-as-token-ids", action="store_true", default=None,
+                          help="logprob tokens as 'token_id:N' unless a request says otherwise")
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -443,6 +464,12 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits
+    frontend = dict(data.get("frontend", {}))
+    for key in ("enable_prompt_tokens_details", "enable_force_include_usage",
+                "return_tokens_as_token_ids"):
+        if getattr(args, key) is not None:
+            frontend[key] = getattr(args, key)
+    data["frontend"] = frontend
     try:
         return from_mapping(data)
     except ConfigError as exc:

@@ -145,7 +145,7 @@ def test_stream_and_collected_agree(decoder: TokenDecoder, data: st.DataObject, 
                     o.new_logprobs = _logprobs([[t] * (logprobs + 1) for t in o.new_token_ids])
         per_choice.append(outs)
     spec = _spec(kind, n=n, stop=tuple(stops), include_stop_str_in_output=include,
-                 logprobs=logprobs, include_usage=True)
+                 logprobs=logprobs, include_usage=True, usage_details=True)
     streamed = _fold(_events(asyncio.run(_stream(spec, decoder, per_choice))), n, kind)
     body = asyncio.run(_collect(spec, decoder, per_choice))
     assert streamed["usage"] == body["usage"]
@@ -218,7 +218,7 @@ def test_stop_string_aborts_engine_and_cuts(decoder: TokenDecoder) -> None:
 
 def test_usage_continuous_and_final(decoder: TokenDecoder) -> None:
     ids = decoder.tokenizer.encode("a b c d").ids
-    spec = _spec(CHAT, n=2, include_usage=True, continuous_usage=True)
+    spec = _spec(CHAT, n=2, include_usage=True, continuous_usage=True, usage_details=True)
     events = _events(asyncio.run(_stream(spec, decoder, [_steps(ids, [1], 1, cached=2),
                                                          _steps(ids[:2], [1], 1)])))
     final = events[-1]

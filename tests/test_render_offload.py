@@ -25,6 +25,7 @@ import render.errors
 from render.errors import (
     BadRequestError,
     ContextLengthError,
+    InputProcessorError,
     ModelNotFoundError,
     RenderError,
     TemplateUnavailableError,
@@ -121,7 +122,7 @@ BIG = _text(10_500, 1)  # ~73 KB: over the 64 KiB cap once in a body
 def _error_instances() -> list[Exception]:
     bad_json = msgspec.json.Decoder(ChatCompletionRequest)
     found: list[Exception] = []
-    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": "wizard"}]}'):
+    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": 5}]}'):
         try:
             bad_json.decode(raw)
         except msgspec.DecodeError as e:
@@ -131,6 +132,7 @@ def _error_instances() -> list[Exception]:
         RenderError(418, "teapot", "Teapot", "x"),
         BadRequestError("bad field", "n"),
         ContextLengthError("too long", "messages"),
+        InputProcessorError("out of vocabulary", "logit_bias"),
         TemplateUnavailableError("no template"),
         ModelNotFoundError("nope"),
         BodyTooLarge(100),

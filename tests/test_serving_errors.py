@@ -33,6 +33,7 @@ from serving.errors import (
     EngineLinkError,
     EngineOutputError,
     EngineUnavailableError,
+    InputProcessorError,
     InternalServerError,
     InvalidJSONError,
     ModelNotFoundError,
@@ -51,7 +52,7 @@ from serving.http_errors import error_response
 
 def _decode_error() -> msgspec.DecodeError:
     try:
-        msgspec.json.decode(b'{"messages": [{"role": "wizard"}]}', type=ChatCompletionRequest)
+        msgspec.json.decode(b'{"messages": [{"role": 5}]}', type=ChatCompletionRequest)
     except msgspec.DecodeError as exc:
         return exc
     raise AssertionError("the body decoded")
@@ -61,6 +62,7 @@ INSTANCES: list[BaseException] = [
     APIError(418, "teapot", "Teapot", "x"),
     BadRequestError("bad field", "n"),
     ContextLengthError("too long", "messages"),
+    InputProcessorError("logit_bias out of vocabulary", "logit_bias"),
     TemplateUnavailableError("no template"),
     InvalidJSONError("not JSON"),
     AuthenticationError(),
@@ -167,11 +169,12 @@ def test_an_engine_failure_reads_the_same_streamed_and_collected(cluster: LocalC
     with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
         collected = http.post("/inference/v1/generate", json=_generate(False))
         streamed = http.post("/inference/v1/generate", json=_generate(True))
-    assert collected.status_code == 500
+    # The engine refused the request's input (its error's code is 400): the client's fault.
+    assert collected.status_code == 400
     assert streamed.status_code == 200  # the stream had started: the error goes in-band
     events = [line[len("data: "):] for line in streamed.text.split("\n\n") if line]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])
     assert error == collected.json()
-    assert error["error"]["type"] == "InternalServerError"
+    assert error["error"]["type"] == "BadRequestError"
     assert f"max_model_len is {SIM_MAX_MODEL_LEN}" in error["error"]["message"]

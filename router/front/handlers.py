@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -13,10 +13,20 @@ from starlette.responses import Response
 
 from output.detokenize import TokenDecoder
 from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
-from render.errors import BadRequestError
+from output.sse import RefusedStream
+from render.errors import BadRequestError, InputProcessorError
 from render.protocol import GenerateRequest, decode_request
 from render.renderer import Renderer
-from render.sampling_checks import check_sampling
+from render.sampling_checks import check_engine_input, check_sampling
+from router.front.answer_spec import (
+    Headers,
+    chat_options,
+    check_json,
+    completion_options,
+    completion_prompts,
+    header_request_id,
+    usage_options,
+)
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.respond import EngineResponse, client_disconnected
 from router.front.state import RouterState, router_state
@@ -26,6 +36,8 @@ from serving.errors import ClientGoneError
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Any]]
+# What an opener returns: the ASGI app that writes the answer.
+Answer = EngineResponse | RefusedStream
 
 # How long an opening may wait on its engine before a watcher for the client's disconnect starts.
 WATCH_AFTER = 0.005
@@ -46,17 +58,24 @@ def _stop(value: str | list[str] | None) -> tuple[str, ...]:
 
 def _spec(kind: str, gen: GenerateRequest, model: str, **kw: Any) -> PipelineSpec:
     sp = gen.sampling_params
-    opts = gen.stream_options
+    kw.setdefault("logprobs", sp.logprobs)
     return PipelineSpec(
         kind=kind, request_id=gen.request_id, model=model, created=int(time.time()),
         prompt_tokens=len(gen.token_ids), n=sp.n, stop=_stop(sp.stop),
         include_stop_str_in_output=sp.include_stop_str_in_output,
         skip_special_tokens=sp.skip_special_tokens, min_tokens=sp.min_tokens,
-        logprobs=sp.logprobs, detokenize=sp.detokenize,
-        include_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats),
-        prompt_tail=tuple(gen.token_ids[-PROMPT_TAIL:]), **kw,
+        detokenize=sp.detokenize, prompt_tail=tuple(gen.token_ids[-PROMPT_TAIL:]), **kw,
     )
+
+
+def _admit(st: RouterState, renderer: Renderer, gen: GenerateRequest, where: str = "",
+           prompt_ids: Sequence[int] = ()) -> None:
+    """vLLM's input-processor checks as the request goes to an engine, against what the
+    engines take: render made them against its own view (a remote render service's may differ),
+    and leaves the reasoning ones to the router."""
+    check_engine_input(gen.sampling_params, len(gen.token_ids), vocab_size=renderer.vocab_size,
+                       max_model_len=renderer.max_model_len, prompt_ids=prompt_ids, where=where,
+                       limits=st.config.limits.request, reasoning=False)
 
 
 async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
@@ -129,17 +148,26 @@ async def _give_back(st: RouterState, result: object) -> None:
         st.dispatcher.done(routed)
 
 
-async def open_chat(st: RouterState, receive: Receive, body: bytes,
-                    arrival: float) -> EngineResponse:
+async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: float,
+                    headers: Headers) -> Answer:
     """A read chat completions body: render, route, open; its answer is the returned app."""
+    check_json(headers)
     req = decode_request(st.render.codecs.chat, body)
     renderer = st.models.get(req.model)
-    if st.remote is not None:
-        gen = await st.remote.render_chat(body)
-    else:
-        gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
+    try:
+        if st.remote is not None:
+            gen = await st.remote.render_chat(body)
+        else:
+            gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
+        _admit(st, renderer, gen)
+    except InputProcessorError as exc:
+        if req.stream:
+            return RefusedStream(exc)
+        raise
+    if (rid := header_request_id(headers)) is not None:
+        gen.request_id = f"chatcmpl-{rid}"
     spec = _spec(CHAT, gen, renderer.served_model_name,
-                 return_token_ids=bool(req.return_token_ids))
+                 **chat_options(req, gen, renderer, st.config.frontend))
     return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
 
 
@@ -152,21 +180,31 @@ async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec:
     return resp
 
 
-async def open_completion(st: RouterState, receive: Receive, body: bytes,
-                          arrival: float) -> EngineResponse:
+async def open_completion(st: RouterState, receive: Receive, body: bytes, arrival: float,
+                          headers: Headers) -> Answer:
     """A read completions body: render (one or several prompts), route, open."""
+    check_json(headers)
     req = decode_request(st.render.codecs.completion, body)
     renderer = st.models.get(req.model)
-    if st.remote is not None:
-        gens = await st.remote.render_completion(body)
-    else:
-        gens = await st.render.run(renderer, len(body), renderer.render_completion, req)
+    try:
+        if st.remote is not None:
+            gens = await st.remote.render_completion(body)
+        else:
+            gens = await st.render.run(renderer, len(body), renderer.render_completion, req)
+        for gen in gens:
+            _admit(st, renderer, gen)
+    except InputProcessorError as exc:
+        if req.stream:
+            return RefusedStream(exc)
+        raise
+    if (rid := header_request_id(headers)) is not None:
+        for i, gen in enumerate(gens):
+            gen.request_id = f"cmpl-{rid}" if len(gens) == 1 else f"cmpl-{rid}-{i}"
+    prompts = completion_prompts(req, gens, renderer) if req.echo else [None] * len(gens)
     specs = [
         _spec(COMPLETION, gen, renderer.served_model_name,
-              echo=renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-              if req.echo else None,
-              return_token_ids=bool(req.return_token_ids))
-        for gen in gens
+              **completion_options(req, gen, prompt, st.config.frontend))
+        for gen, prompt in zip(gens, prompts, strict=True)
     ]
     if len(gens) == 1:
         return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
@@ -205,41 +243,42 @@ async def _answer_prompts(st: RouterState, receive: Receive, gens: list[Generate
     return resp
 
 
-async def open_generate(st: RouterState, receive: Receive, body: bytes,
-                        arrival: float) -> EngineResponse:
+async def open_generate(st: RouterState, receive: Receive, body: bytes, arrival: float,
+                        headers: Headers) -> Answer:
     """vLLM's token-in endpoint: a GenerateRequest as render produced it, tokens (or text)
     out. The read body: decode and check it, route, open."""
+    check_json(headers)
     gen = decode_request(st.generate_decoder, body)
     renderer = st.models.get(gen.model)
-    vocab = renderer.vocab_size
     if not gen.token_ids:
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
-    if min(gen.token_ids) < 0 or max(gen.token_ids) >= vocab:
-        raise BadRequestError(f"token_ids must be within [0, {vocab}).", "token_ids")
     check_sampling(gen.sampling_params, "sampling_params.", st.config.limits.request)
-    if len(gen.token_ids) >= renderer.max_model_len:
-        raise BadRequestError(
-            f"This model's maximum context length is {renderer.max_model_len} tokens. However, "
-            f"your request has {len(gen.token_ids)} input tokens.", "token_ids")
+    try:
+        _admit(st, renderer, gen, where="sampling_params.", prompt_ids=gen.token_ids)
+    except InputProcessorError as exc:
+        if gen.stream:
+            return RefusedStream(exc)
+        raise
     spec = _spec(GENERATE, gen, renderer.served_model_name, output_mode=gen.output_mode,
                  return_token_ids=bool(gen.return_token_ids),
-                 prompt_token_ids=gen.token_ids if gen.return_token_ids else None)
+                 prompt_token_ids=gen.token_ids if gen.return_token_ids else None,
+                 **usage_options(gen, st.config.frontend))
     resp = await _open(st, receive, gen, spec, bool(gen.stream),
                        st.decoders[renderer.served_model_name])
     resp.arrival = arrival
     return resp
 
 
-Opener = Callable[[RouterState, Receive, bytes, float], Awaitable[EngineResponse]]
+Opener = Callable[[RouterState, Receive, bytes, float, Headers], Awaitable[Answer]]
 
 
-def _endpoint(open_body: Opener) -> Callable[[Request], Awaitable[EngineResponse]]:
+def _endpoint(open_body: Opener) -> Callable[[Request], Awaitable[Answer]]:
     """The Starlette endpoint of an opener: timed from arrival, the body read first."""
-    async def endpoint(request: Request) -> EngineResponse:
+    async def endpoint(request: Request) -> Answer:
         arrival = time.perf_counter()
         st = router_state(request.scope["state"])
         body = await read_body(request, st.render.limits.max_body_bytes)
-        return await open_body(st, request.receive, body, arrival)
+        return await open_body(st, request.receive, body, arrival, request.scope["headers"])
 
     endpoint.__doc__ = open_body.__doc__
     return endpoint

@@ -19,7 +19,7 @@ from router.obs.metrics import RouterMetrics
 from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
 from serving.errors import OverloadedError
-from wire.engine import EngineCoreOutput, EngineCoreRequest, LoRARequest
+from wire.engine import EngineCoreOutput, EngineCoreRequest, FinishReason, LoRARequest
 from wire.sampling import SamplingParams
 
 log = logging.getLogger("kvroute.router")
@@ -120,18 +120,25 @@ class Dispatcher:
             children = _fan_out(request_id, tokens, params, params.n, lora, cache_salt,
                                 priority)
             try:
-                return await self._place(request_id, len(tokens), children, decision, note,
-                                         attempt)
+                routed = await self._place(request_id, len(tokens), children, decision, note,
+                                           attempt)
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
                 engine = decision.engine
+                self.policy.index.forget_routed(engine, tokens, namespace)
                 excluded.add(engine)
                 self._failed(engine)
                 if attempt == 1:
                     self.metrics.retries.inc()
                 log.warning("engine failed before the first token", extra={
                     "request_id": request_id, "engine": engine, "error": str(exc)})
+                continue
+            if any(out.error is not None or out.finish_reason == FinishReason.ERROR
+                   for out in routed.first):
+                # The engine refused the request (its answer says why): it caches nothing.
+                self.policy.index.forget_routed(decision.engine, tokens, namespace)
+            return routed
         if last_error is not None:
             raise last_error
         raise OverloadedError(503, "No healthy engine is available; retry later.",
