@@ -17,7 +17,7 @@ import httpx
 import msgspec
 
 from render.models import EMBEDDED_MODEL
-from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
+from router.config import Control, EngineSpec, Frontend, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
@@ -49,6 +49,9 @@ class ClusterOptions:
     # The router's context length when it must differ from the sims' (tests of an engine that
     # refuses what the router admits); None: the sims' own.
     router_max_model_len: int | None = None
+    # The router takes its context from the engines' ready responses (no --max-model-len).
+    context_from_engines: bool = False
+    frontend: Frontend = field(default_factory=Frontend)  # vLLM's answer switches
 
 
 class LocalCluster:
@@ -80,6 +83,8 @@ class LocalCluster:
         max_len = None if self.options.external else self.sim_options()["max_model_len"]
         if self.options.router_max_model_len is not None:
             max_len = self.options.router_max_model_len
+        if self.options.context_from_engines:
+            max_len = None
         control = self.options.control
         if control.ipc_dir is None:
             control = dataclasses.replace(control, ipc_dir=str(self.dir))
@@ -89,6 +94,7 @@ class LocalCluster:
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
+                            frontend=self.options.frontend,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server)
 

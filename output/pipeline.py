@@ -130,6 +130,7 @@ class Pipeline:
         self.cached_tokens: int | None = None
         self.kv_transfer_params: dict[str, Any] | None = None  # from the engine's last output
         self.prompt_rows: LogprobRows | None = None  # the prompt's logprobs, as the engine sent
+        self._prompt_rows_from = 0  # the choice whose engine request sent them
         self._decoder = decoder
         self._interval = (Interval(spec.stream_interval, spec.n) if spec.stream_interval > 1
                           else None)
@@ -329,7 +330,7 @@ class Pipeline:
         if out.prefill_stats is not None and self.cached_tokens is None:
             self._note_prefill(out.prefill_stats)
         if out.new_prompt_logprobs_tensors is not None:
-            self._add_prompt_rows(rows_of(out.new_prompt_logprobs_tensors))
+            self._add_prompt_rows(index, rows_of(out.new_prompt_logprobs_tensors))
         if out.kv_transfer_params is not None:
             self.kv_transfer_params = out.kv_transfer_params
         ids = out.new_token_ids
@@ -406,12 +407,15 @@ class Pipeline:
         return Completion(id=spec.request_id, created=spec.created, model=spec.model,
                           choices=[choice_obj], usage=usage)
 
-    def _add_prompt_rows(self, rows: LogprobRows) -> None:
+    def _add_prompt_rows(self, index: int, rows: LogprobRows) -> None:
         """The prompt's logprob rows, in the order the engine sends them (a prompt prefilled
-        in chunks comes in several)."""
+        in chunks comes in several), from one choice (with n > 1 every choice's request sends
+        the same)."""
         held = self.prompt_rows
         if held is None:
-            self.prompt_rows = rows
+            self.prompt_rows, self._prompt_rows_from = rows, index
+            return
+        if index != self._prompt_rows_from:
             return
         self.prompt_rows = LogprobRows([*held.token_ids, *rows.token_ids],
                                        [*held.logprobs, *rows.logprobs],

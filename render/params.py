@@ -193,7 +193,9 @@ def build_sampling_params(
         bad_words=list(dict.fromkeys(req.bad_words or [])),
         skip_clone=True,
         repetition_detection=req.repetition_detection,
-        thinking_token_budget=req.thinking_token_budget,
+        # -1 is unlimited: no budget (vLLM's validate_thinking_token_budget).
+        thinking_token_budget=(None if req.thinking_token_budget == -1
+                               else req.thinking_token_budget),
         routed_experts_prompt_start=req.routed_experts_prompt_start,
     )
     check_sampling(sp, limits=limits)

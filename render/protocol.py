@@ -160,8 +160,13 @@ class NamedToolChoice(msgspec.Struct):
 
 
 class StreamOptions(msgspec.Struct, omit_defaults=True):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    # Unset unless sent: vLLM refuses stream options without a stream only when some are sent
+    # (an empty object passes).
+    include_usage: bool | None | UnsetType = UNSET
+    continuous_usage_stats: bool | None | UnsetType = UNSET
+
+    def given(self) -> bool:
+        return self.include_usage is not UNSET or self.continuous_usage_stats is not UNSET
 
 
 class JsonSchemaSpec(msgspec.Struct, omit_defaults=True):

@@ -88,9 +88,9 @@ def check_completion(req: CompletionRequest) -> None:
     if embeds is not None:
         raise refuse("You must set `--enable-prompt-embeds` to input `prompt_embeds`.",
                      "prompt_embeds")
-    if req.suffix is not None:
-        raise refuse("suffix is only supported for models with FIM completion rendering",
-                      "suffix")
+    if req.suffix is not None:  # vLLM's message names no parameter here, its error does
+        raise BadRequestError("suffix is only supported for models with FIM completion "
+                              "rendering", "suffix")
 
 
 def _check_salt(salt: str | None) -> None:
@@ -105,7 +105,7 @@ def _check_salt(salt: str | None) -> None:
 
 
 def _check_stream_options(req: ChatCompletionRequest | CompletionRequest) -> None:
-    if req.stream_options is not None and not req.stream:
+    if req.stream_options is not None and req.stream_options.given() and not req.stream:
         raise refuse("Stream options can only be defined when `stream=True`.", "stream_options")
 
 

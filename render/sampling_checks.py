@@ -88,10 +88,15 @@ def _error(cls: type[BadRequestError], bad: Refusal, where: str) -> BadRequestEr
 
 
 def _first_bad(sp: SamplingParams, limits: RequestLimits) -> Refusal | None:
+    bad = _first_bad_part(sp)
+    if bad is not None:
+        return bad
     if sp.n < 1:
         return f"n must be at least 1, got {sp.n}.", None, None
     if sp.n > limits.max_n:
         return f"n must be at most {limits.max_n}, got {sp.n}.", "n", None
+    if sp.extra_args and not _ints_fit(sp.extra_args):
+        return "extra_args integers must be between -2**63 and 2**64 - 1.", "extra_args", None
     for name, value in (("presence_penalty", sp.presence_penalty),
                         ("frequency_penalty", sp.frequency_penalty)):
         if not -2.0 <= value <= 2.0:  # NaN fails too
@@ -121,6 +126,44 @@ def _first_bad(sp: SamplingParams, limits: RequestLimits) -> Refusal | None:
     if sp.temperature < SAMPLING_EPS and sp.n > 1:  # __post_init__'s _verify_greedy_sampling
         return f"n must be 1 when using greedy sampling, got {sp.n}.", None, None
     return _first_over_limit(sp, limits)
+
+
+def _first_bad_part(sp: SamplingParams) -> Refusal | None:
+    """What vLLM refuses as it builds the params' parts (``RepetitionDetectionParams``, the
+    thinking budget). An engine decoding them refuses them too, and its input thread dies of
+    it: these never reach one."""
+    rd = sp.repetition_detection
+    if rd is not None:
+        if (rd.max_pattern_size < 0 or rd.min_pattern_size < 0
+                or rd.min_pattern_size > rd.max_pattern_size):
+            return ("max_pattern_size, min_pattern_size must be >=0, with min_pattern_size <= "
+                    "max_pattern_size. Set both to 0 to disable repetitive pattern detection.",
+                    None, None)
+        if rd.max_pattern_size > 0 and rd.min_count < 2:
+            return ("min_count must be >= 2 to detect repetitive patterns in engine output. If "
+                    "you do not wish to detect repetitive patterns, set max_pattern_size to 0.",
+                    None, None)
+    budget = sp.thinking_token_budget
+    if budget is not None and budget < -1:
+        return ("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+                "thinking_token_budget", budget)
+    return None
+
+
+def _ints_fit(value: object) -> bool:
+    """Every integer in ``value`` (nested lists and maps, keys too) fits msgpack's 64 bits."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool) and not (
+                -(2**63) <= item < 2**64):
+            return False
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return True
 
 
 def _first_bad_length_or_output(sp: SamplingParams) -> Refusal | None:

@@ -38,8 +38,10 @@ class EngineSpec:
     # The host the engine is told to dial when those sockets bind a wildcard (a Service name in
     # Kubernetes); default loopback.
     advertise_host: str | None = None
-    # The engine's KV block size, for engines re-adopted without a handshake (no ready map).
+    # The engine's KV block size and context length, for engines re-adopted without a
+    # handshake (no ready map says them).
     block_size: int | None = None
+    max_model_len: int | None = None
 
     @property
     def input_address(self) -> str:
@@ -384,12 +386,13 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
         "name": f"engine-{index}", "handshake": head}
     for opt in opts:
         key, sep, val = opt.partition("=")
-        if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size"):
+        if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
+                                  "max_model_len"):
             raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
-                              "output=, block_size=")
-        if key == "block_size":
+                              "output=, block_size=, max_model_len=")
+        if key in ("block_size", "max_model_len"):
             if not val.isdigit():
-                raise ConfigError(f"--engine {value!r}: block_size must be an integer")
+                raise ConfigError(f"--engine {value!r}: {key} must be an integer")
             spec[key] = int(val)
         else:
             spec[{"kv": "kv_events"}.get(key, key)] = val

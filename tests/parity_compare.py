@@ -9,7 +9,8 @@ tool-call ids (random on both sides) and null-valued keys (a field written as nu
 left out read the same to a JSON client). Streams are compared as a client assembles them:
 per choice the concatenated content, reasoning, token ids, logprobs, tool calls, finish and stop
 reason; the chunk kinds in order (role, content, finish, usage, error; a run of content chunks
-as one: vLLM merges outputs that queue, so their number varies); each kind's key layout; and the final usage.
+as one: vLLM merges outputs that queue, so their number varies); each kind's key layout; and
+the final usage. A case with ``compare_chunks`` also compares each chunk's token ids.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def _fold(acc: dict[str, Any], choice: dict[str, Any], chunk: dict[str, Any],
         acc["finish_reason"] = choice["finish_reason"]
         acc["stop_reason"] = choice.get("stop_reason")
     if chunk.get("usage") is not None:  # continuous usage: the choice's last count
-        acc["usage_last"] = chunk["usage"]
+        acc["usage_last"] = _clean(chunk["usage"], Case("", "", None))
     if chunks:
         acc.setdefault("chunk_token_ids", []).append(choice.get("token_ids"))
 

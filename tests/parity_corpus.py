@@ -1,4 +1,6 @@
-"""The API-parity corpus: requests sent alike to `vllm serve` and to kvroute (tests/test_parity_vllm.py).
+"""The API-parity corpus: requests sent alike to `vllm serve` and to kvroute.
+
+tests/test_parity_vllm.py sends them and compares the answers.
 
 Every case is greedy or seeded, with small ``max_tokens``, so one model answers it the same way
 twice. ``both`` makes a non-stream case and its ``.stream`` twin; fields that exist only on one
@@ -172,6 +174,24 @@ def _chat_cases() -> list[Case]:
           chat("chat.stream_interval_collected", stream_interval=3, max_tokens=7)]
     c += both(chat("chat.beam_search", use_beam_search=True, n=2, length_penalty=0.5,
                    max_tokens=4))
+    c += both(chat("chat.generation_defaults", temperature=UNSET, seed=3))
+    c += both(chat("chat.nulls", temperature=None, top_p=None, n=None, max_tokens=None, seed=5,
+                   logprobs=True, top_logprobs=None, stream_options=None,
+                   messages=[{"role": "user", "content": LONG_TEXT}]))
+    c += both(chat("chat.unknown_field", foo={"bar": 1}))
+    c += both(chat("chat.n_usage", n=2, temperature=0.5, seed=4),
+              stream_options={"include_usage": True})
+    c += both(chat("chat.n_echo", n=2, temperature=0.5, seed=4, echo=True,
+                   messages=[*HELLO, {"role": "assistant", "content": "Sure"}],
+                   add_generation_prompt=False, continue_final_message=True))
+    c += both(chat("chat.user_role_answer", add_generation_prompt=False, echo=True))
+    c += both(chat("chat.stop_logprobs", stop="-fr", logprobs=True, top_logprobs=1,
+                   max_tokens=12))
+    c += both(chat("chat.min_tokens_stop_ids", stop_token_ids=[198], min_tokens=2,
+                   max_tokens=4))
+    c += both(chat("chat.top_logprobs_20", logprobs=True, top_logprobs=20, max_tokens=2))
+    c += both(chat("chat.truncate_all", messages=[{"role": "user", "content": LONG_TEXT * 2}],
+                   truncate_prompt_tokens=-1))
     # Another branch's work (structured outputs, bad_words, tool calls and reasoning).
     c += both(chat("chat.response_format_text", response_format={"type": "text"}))
     c += both(chat("chat.response_format_json", response_format={"type": "json_object"}))
@@ -242,6 +262,16 @@ def _completion_cases() -> list[Case]:
     c += both(cmpl("cmpl.repetition_detection",
                    repetition_detection={"max_pattern_size": 2, "min_count": 3}, max_tokens=10))
     c += both(cmpl("cmpl.thinking_token_budget", thinking_token_budget=3))
+    c += both(cmpl("cmpl.echo_token_ids", echo=True, return_token_ids=True))
+    # No logprobs: vLLM 0.32's stream of an echo with n > 1 and logprobs fails now and then
+    # (its second choice finds the prompt logprobs the first one took).
+    c += both(cmpl("cmpl.echo_n", echo=True, n=2, temperature=0.7, seed=8))
+    c += both(cmpl("cmpl.echo_prompt_logprobs", echo=True, logprobs=1, prompt_logprobs=2))
+    c += both(cmpl("cmpl.echo_token_prompt", prompt=[9707, 1052, 11], echo=True))
+    c += both(cmpl("cmpl.max_tokens_null", max_tokens=None))
+    c += both(cmpl("cmpl.defaults", temperature=UNSET, seed=21))
+    c += [cmpl("cmpl.fills_context_echo", prompt=[1052] * MAX_MODEL_LEN, echo=True,
+               max_tokens=0)]
     c += [cmpl("cmpl.stream_interval", stream=True, stream_interval=2, max_tokens=6,
                return_token_ids=True, compare_chunks=True)]
     c += [cmpl("cmpl.prompt_embeds", prompt=UNSET, prompt_embeds="AAAA")]
@@ -294,6 +324,18 @@ def _error_cases() -> list[Case]:
         chat("err.no_content_type", content_type=None),
         chat("err.get_method", method="GET", compare_message=False),
         cmpl("err.cmpl_prompt_too_long", prompt=big),
+        *both(cmpl("err.cmpl_fills_context", prompt=[1052] * MAX_MODEL_LEN)),
+        *both(cmpl("err.cmpl_token_oov_late", prompt=[5, 999999])),
+        chat("err.media_io_kwargs", media_io_kwargs={"image": {"x": 1}}),
+        chat("err.empty_stream_options", stream_options={}),
+        chat("err.prompt_logprobs_all", prompt_logprobs=-1),
+        chat("err.frequency_penalty", frequency_penalty=-2.5),
+        chat("err.truncate_over_context", truncate_prompt_tokens=1000),
+        chat("err.priority_range", priority=2**63, compare_message=False),
+        chat("err.body_not_object", raw=b"[1, 2]", compare_message=False),
+        chat("err.empty_body", raw=b"", compare_message=False),
+        chat("err.repetition_detection", repetition_detection={"max_pattern_size": -1},
+             compare_message=False),
         cmpl("err.cmpl_no_prompt", prompt=UNSET),
         *both(cmpl("err.cmpl_logprobs_21", logprobs=21)),
         cmpl("err.cmpl_beam_search_stream", use_beam_search=True, stream=True),
@@ -322,9 +364,8 @@ _PARSERS = "branch `parsers` (tool-call / reasoning parsing, tool_choice, issue 
 EXPECTED: dict[str, str] = {
     **dict.fromkeys(_family((
         "chat.response_format_json", "chat.response_format_schema", "chat.structured_choice",
-        "chat.bad_words", "cmpl.response_format_json", "cmpl.structured_regex",
-        "cmpl.bad_words")), _STRUCTURED),
-    **dict.fromkeys(_family((
-        "chat.tools_auto", "chat.tools_named", "chat.include_reasoning",
-        "chat.parallel_tool_calls")), _PARSERS),
+        "cmpl.response_format_json", "cmpl.structured_regex")), _STRUCTURED),
+    **dict.fromkeys(_family(("chat.tools_auto", "chat.tools_named")), _PARSERS),
+    "err.get_method": "on purpose: every error kvroute answers is OpenAI's error JSON, a 405 "
+                      "too (vLLM answers FastAPI's {\"detail\": ...} there)",
 }

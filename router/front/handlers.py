@@ -17,6 +17,7 @@ from output.sse import RefusedStream
 from render.errors import BadRequestError, InputProcessorError
 from render.protocol import GenerateRequest, decode_request
 from render.renderer import Renderer
+from render.request_checks import check_chat, check_completion
 from render.sampling_checks import check_engine_input, check_sampling
 from router.front.answer_spec import (
     Headers,
@@ -27,6 +28,7 @@ from router.front.answer_spec import (
     header_request_id,
     usage_options,
 )
+from router.front.beam_search import BeamAnswer, BeamDecision, beam_search, check_beam
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.respond import EngineResponse, client_disconnected
 from router.front.state import RouterState, router_state
@@ -154,6 +156,12 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
     check_json(headers)
     req = decode_request(st.render.codecs.chat, body)
     renderer = st.models.get(req.model)
+    width = None
+    if req.use_beam_search:  # rendered as one plain choice, grown into beams here
+        check_chat(req)
+        check_beam(bool(req.logprobs))
+        width, req = req.n or 1, msgspec.structs.replace(req, use_beam_search=False, n=1)
+        body = msgspec.json.encode(req)
     try:
         if st.remote is not None:
             gen = await st.remote.render_chat(body)
@@ -168,6 +176,9 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
         gen.request_id = f"chatcmpl-{rid}"
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  **chat_options(req, gen, renderer, st.config.frontend))
+    if width is not None:
+        return await _answer_beams(st, receive, [gen], [spec], width, req.length_penalty,
+                                   bool(req.stream), renderer, arrival)
     return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
 
 
@@ -186,6 +197,12 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
     check_json(headers)
     req = decode_request(st.render.codecs.completion, body)
     renderer = st.models.get(req.model)
+    width = None
+    if req.use_beam_search:  # rendered as one plain choice per prompt, grown into beams here
+        check_completion(req)
+        check_beam(req.logprobs is not None)
+        width, req = req.n or 1, msgspec.structs.replace(req, use_beam_search=False, n=1)
+        body = msgspec.json.encode(req)
     try:
         if st.remote is not None:
             gens = await st.remote.render_completion(body)
@@ -206,6 +223,9 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
               **completion_options(req, gen, prompt, st.config.frontend))
         for gen, prompt in zip(gens, prompts, strict=True)
     ]
+    if width is not None:
+        return await _answer_beams(st, receive, gens, specs, width, req.length_penalty,
+                                   bool(req.stream), renderer, arrival)
     if len(gens) == 1:
         return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
                              arrival)
@@ -239,6 +259,34 @@ async def _answer_prompts(st: RouterState, receive: Receive, gens: list[Generate
         prompt_tokens=sum(s.prompt_tokens for s in specs), echo=None, prompt_tail=())
     group = PipelineGroup(spec, [Pipeline(s, decoder) for s in specs])
     resp = EngineResponse(st, RoutedGroup(parts), spec, decoder, stream, pipeline=group)
+    resp.arrival = arrival
+    return resp
+
+
+async def _answer_beams(st: RouterState, receive: Receive, gens: list[GenerateRequest],
+                        specs: list[PipelineSpec], width: int, length_penalty: float,
+                        stream: bool, renderer: Renderer, arrival: float) -> EngineResponse:
+    """Beam search on each prompt (router/front/beam_search.py), answered as its ``width``
+    best beams per prompt. The beams are the answer's choices and keep their EOS token's text
+    out as vLLM's do, so the pipeline is told not to cut one more."""
+    outputs = await _unless_client_leaves(st, receive, asyncio.gather(*(
+        beam_search(st, gen, width, renderer.eos_token_id, length_penalty,
+                    gen.sampling_params.ignore_eos, gen.sampling_params.include_stop_str_in_output,
+                    renderer.generation_config)
+        for gen in gens)))
+    specs = [msgspec.structs.replace(s, n=width, include_stop_str_in_output=True)
+             for s in specs]
+    decoder = st.decoders[renderer.served_model_name]
+    answer = BeamAnswer(BeamDecision(max(g.sampling_params.max_tokens or 0 for g in gens)),
+                        [out for outs in outputs for out in outs])
+    spec = specs[0]
+    group = None
+    if len(specs) > 1:
+        spec = msgspec.structs.replace(
+            spec, request_id=gens[0].request_id.rsplit("-", 1)[0], n=width * len(specs),
+            prompt_tokens=sum(s.prompt_tokens for s in specs), echo=None, prompt_tail=())
+        group = PipelineGroup(spec, [Pipeline(s, decoder) for s in specs])
+    resp = EngineResponse(st, answer, spec, decoder, stream, pipeline=group)
     resp.arrival = arrival
     return resp
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from render.protocol import GenerateRequest
     from render.service.state import Models, RenderState
     from router.config import RouterConfig
+    from router.front.beam_search import BeamAnswer
     from router.front.multi_prompt import RoutedGroup
     from router.front.render_client import RenderClient
     from router.kvfeed.kv_subscriber import KVSubscriber
@@ -77,7 +78,7 @@ class RouterState:
     decoders: dict[str, TokenDecoder]  # by served model name
     generate_decoder: msgspec.json.Decoder[GenerateRequest]
     # The requests on engines now, by request id (abort_requests, duplicate-id refusal).
-    active: dict[str, Routed | RoutedGroup] = field(default_factory=dict)
+    active: dict[str, Routed | RoutedGroup | BeamAnswer] = field(default_factory=dict)
 
 
 def router_state(state: MutableMapping[str, Any]) -> RouterState:

@@ -125,8 +125,11 @@ class Fleet:
         lens = [self.max_model_len] if self.max_model_len else []
         for name in self.attached:
             info = self.client.engines[name].ready if name in self.client.engines else None
+            spec = self.specs.get(name)
             if info is not None and info.max_model_len > 0:
                 lens.append(info.max_model_len)
+            elif spec is not None and spec.max_model_len:  # re-adopted: as configured
+                lens.append(spec.max_model_len)
         context = min(lens) if lens else None
         if self.on_context is not None and context is not None and context != self.context:
             log.info("context length", extra={"max_model_len": context})
