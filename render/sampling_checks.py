@@ -196,8 +196,11 @@ def _first_over_limit(sp: SamplingParams, limits: RequestLimits) -> Refusal | No
     """The router's own bounds (vLLM has none for these)."""
     entries_cap = limits.max_output_entries
     if entries_cap and sp.max_tokens is not None:
-        per_token = 1 + (sp.logprobs if sp.logprobs and sp.logprobs > 0 else 0) + len(
-            sp.logprob_token_ids or ())
+        # Logprobs past max_logprobs are vLLM's to refuse (check_engine_input), in its words.
+        top = sp.logprobs if sp.logprobs and sp.logprobs > 0 else 0
+        if limits.max_logprobs >= 0:
+            top = min(top, limits.max_logprobs)
+        per_token = 1 + top + len(sp.logprob_token_ids or ())
         entries = sp.n * sp.max_tokens * per_token
         if entries > entries_cap:
             return (f"n x max_tokens x (logprobs + 1) = {sp.n} x {sp.max_tokens} x {per_token} = "

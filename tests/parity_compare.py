@@ -76,6 +76,8 @@ def view(case: Case, answer: Answer) -> dict[str, Any]:
             _error(out, "error", body["error"], case)
         elif isinstance(body, dict):
             _flatten(out, "", _clean(body, case, top=True))
+            for key in [k for k in out if _folded(k) in case.aside]:
+                del out[key]
         else:
             out["body"] = answer.text if body is None else body
         return out
@@ -253,6 +255,10 @@ def differences(oracle: dict[str, Any], ours: dict[str, Any]) -> dict[str, tuple
     return out
 
 
+def _folded(path: str) -> str:
+    return re.sub(r"\[\d+\]", "[]", path)
+
+
 def field_names(diff: dict[str, tuple[Any, Any]]) -> list[str]:
     """The differing paths with list indexes folded, each once."""
-    return sorted({re.sub(r"\[\d+\]", "[]", k) for k in diff})
+    return sorted({_folded(k) for k in diff})

@@ -52,6 +52,9 @@ class Case:
     method: str = "POST"
     # Compare each chunk's token ids (stream_interval decides them).
     compare_chunks: bool = False
+    # Paths set aside (list indexes folded: ``data[].created``): timestamps and random ids
+    # inside a body.
+    aside: tuple[str, ...] = ()
 
     @property
     def stream(self) -> bool:
@@ -190,6 +193,15 @@ def _chat_cases() -> list[Case]:
     c += both(chat("chat.min_tokens_stop_ids", stop_token_ids=[198], min_tokens=2,
                    max_tokens=4))
     c += both(chat("chat.top_logprobs_20", logprobs=True, top_logprobs=20, max_tokens=2))
+    c += both(chat("chat.no_model", model=UNSET))
+    c += both(chat("chat.reasoning_history", messages=[
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello", "reasoning_content": "greet back"},
+        {"role": "user", "content": "And?"}]))
+    c += both(chat("chat.n_logprobs", n=2, temperature=0.8, seed=6, logprobs=True,
+                   top_logprobs=2, return_token_ids=True))
+    c += both(chat("chat.thinking_template", chat_template_kwargs={"enable_thinking": True},
+                   skip_special_tokens=False))
     c += both(chat("chat.truncate_all", messages=[{"role": "user", "content": LONG_TEXT * 2}],
                    truncate_prompt_tokens=-1))
     # Another branch's work (structured outputs, bad_words, tool calls and reasoning).
@@ -269,6 +281,18 @@ def _completion_cases() -> list[Case]:
     c += both(cmpl("cmpl.echo_prompt_logprobs", echo=True, logprobs=1, prompt_logprobs=2))
     c += both(cmpl("cmpl.echo_token_prompt", prompt=[9707, 1052, 11], echo=True))
     c += both(cmpl("cmpl.max_tokens_null", max_tokens=None))
+    c += [cmpl("cmpl.n_continuous_usage", n=2, temperature=0.9, seed=2, stream=True,
+               stream_options={"include_usage": True, "continuous_usage_stats": True})]
+    c += both(chat("chat.tool_messages", tools=TOOLS, tool_choice="none", messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "rain"}]}]))
+    c += [chat("err.tool_call_object_arguments", compare_message=False, messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "rain"}])]
     c += both(cmpl("cmpl.defaults", temperature=UNSET, seed=21))
     c += [cmpl("cmpl.fills_context_echo", prompt=[1052] * MAX_MODEL_LEN, echo=True,
                max_tokens=0)]
@@ -327,6 +351,18 @@ def _error_cases() -> list[Case]:
         *both(cmpl("err.cmpl_fills_context", prompt=[1052] * MAX_MODEL_LEN)),
         *both(cmpl("err.cmpl_token_oov_late", prompt=[5, 999999])),
         chat("err.media_io_kwargs", media_io_kwargs={"image": {"x": 1}}),
+        chat("err.image_part", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}],
+            compare_message=False),
+        chat("err.max_completion_tokens_zero", max_completion_tokens=0),
+        cmpl("err.cmpl_empty_token_list", prompt=[[]], compare_message=False),
+        cmpl("err.cmpl_list_empty_string", prompt=["a", ""], compare_message=False),
+        cmpl("err.cmpl_negative_token", prompt=[5, -1], compare_message=False),
+        # A permission entry's id is random.
+        Case("models.list", "/v1/models", None, method="GET", content_type=None,
+             aside=("data[].created", "data[].permission[].id",
+                    "data[].permission[].created")),
         chat("err.empty_stream_options", stream_options={}),
         chat("err.prompt_logprobs_all", prompt_logprobs=-1),
         chat("err.frequency_penalty", frequency_penalty=-2.5),
@@ -368,4 +404,7 @@ EXPECTED: dict[str, str] = {
     **dict.fromkeys(_family(("chat.tools_auto", "chat.tools_named")), _PARSERS),
     "err.get_method": "on purpose: every error kvroute answers is OpenAI's error JSON, a 405 "
                       "too (vLLM answers FastAPI's {\"detail\": ...} there)",
+    "err.tool_call_object_arguments": "on purpose: kvroute takes a tool call's arguments as a "
+                                      "JSON object too (vLLM's renderer turns them into one "
+                                      "anyway); vLLM's server wants the string OpenAI sends",
 }

@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -113,20 +114,32 @@ async def detokenize_endpoint(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
+    """vLLM's model list, field for field (its owner and permission entry too), so clients that
+    read them see what `vllm serve` shows."""
     st = render_state(request.scope["state"])
     data = [
         {
             "id": r.served_model_name,
             "object": "model",
             "created": st.models.created,
-            "owned_by": "kvroute",
+            "owned_by": "vllm",
             "root": str(root),
             "parent": None,
             "max_model_len": r.max_model_len,
+            "permission": [_permission(st.models.created)],
         }
         for r, root in zip(st.models.registry, st.roots, strict=True)
     ]
     return json_response(st.codecs.encoder, {"object": "list", "data": data})
+
+
+def _permission(created: int) -> dict[str, object]:
+    """vLLM's ``ModelPermission`` with its defaults."""
+    return {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+            "created": created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}
 
 
 async def health(request: Request) -> Response:

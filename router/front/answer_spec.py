@@ -41,6 +41,31 @@ def header_request_id(headers: Headers) -> str | None:
     return None
 
 
+def session_id(req: ChatCompletionRequest | CompletionRequest, headers: Headers) -> str | None:
+    """vLLM's session id for the engine: the request's, else ``x-session-id``, else
+    ``vllm_xargs["session_id"]``."""
+    if req.session_id:
+        return req.session_id
+    for name, value in headers:
+        if name == b"x-session-id" and value:
+            return value.decode("latin-1")
+    xargs = req.vllm_xargs or {}
+    sid = xargs.get("session_id")
+    return sid if isinstance(sid, str) and sid else None
+
+
+def header_priority(headers: Headers) -> int | None:
+    """``x-vllm-priority``, which wins over the request's ``priority`` in vLLM (ignored when not
+    an integer)."""
+    for name, value in headers:
+        if name == b"x-vllm-priority":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 def usage_options(gen: GenerateRequest, frontend: Frontend) -> dict[str, Any]:
     """vLLM's ``should_include_usage``: per-chunk usage only with the final one."""
     if frontend.enable_force_include_usage:

@@ -68,7 +68,8 @@ def check_beam(logprobs: bool) -> None:
 
 async def beam_search(st: RouterState, gen: GenerateRequest, width: int, eos: int | None,
                       length_penalty: float, ignore_eos: bool, include_stop: bool,
-                      generation_config: dict[str, object]) -> list[EngineCoreOutput]:
+                      generation_config: dict[str, object],
+                      session: str | None = None) -> list[EngineCoreOutput]:
     """The ``width`` best continuations of ``gen``'s prompt, at most its ``max_tokens`` long,
     each as one finished engine output (finish STOP at EOS, else LENGTH)."""
     if width < 1:
@@ -81,7 +82,7 @@ async def beam_search(st: RouterState, gen: GenerateRequest, width: int, eos: in
     for _ in range(sp.max_tokens or 0):
         batch = f"{gen.request_id}-{uuid.uuid4().hex}"
         rows = await asyncio.gather(*(
-            _next_tokens(st, f"{batch}-beam-{i}", beam.tokens, step_params, gen)
+            _next_tokens(st, f"{batch}-beam-{i}", beam.tokens, step_params, gen, session)
             for i, beam in enumerate(beams)))
         candidates: list[tuple[float, int, _Beam]] = []
         for beam, row in zip(beams, rows, strict=True):
@@ -126,11 +127,12 @@ def _step_params(sp: SamplingParams, width: int, eos: int | None,
 
 
 async def _next_tokens(st: RouterState, request_id: str, tokens: Sequence[int],
-                       params: SamplingParams, gen: GenerateRequest) -> dict[int, float]:
+                       params: SamplingParams, gen: GenerateRequest,
+                       session: str | None) -> dict[int, float]:
     """One beam's step on an engine: its candidates' logprobs, the sampled token first (as
     vLLM's dict: a candidate met again keeps its place)."""
     routed = await st.dispatcher.open(request_id, tokens, msgspec.structs.replace(params),
-                                      cache_salt=gen.cache_salt)
+                                      cache_salt=gen.cache_salt, session_id=session)
     try:
         out = routed.first[0]
         while not out.finished:

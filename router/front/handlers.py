@@ -15,7 +15,12 @@ from output.detokenize import TokenDecoder
 from output.pipeline import CHAT, COMPLETION, GENERATE, Pipeline, PipelineSpec
 from output.sse import RefusedStream
 from render.errors import BadRequestError, InputProcessorError
-from render.protocol import GenerateRequest, decode_request
+from render.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    decode_request,
+)
 from render.renderer import Renderer
 from render.request_checks import check_chat, check_completion
 from render.sampling_checks import check_engine_input, check_sampling
@@ -25,7 +30,9 @@ from router.front.answer_spec import (
     check_json,
     completion_options,
     completion_prompts,
+    header_priority,
     header_request_id,
+    session_id,
     usage_options,
 )
 from router.front.beam_search import BeamAnswer, BeamDecision, beam_search, check_beam
@@ -81,13 +88,14 @@ def _admit(st: RouterState, renderer: Renderer, gen: GenerateRequest, where: str
 
 
 async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                stream: bool, decoder: TokenDecoder) -> EngineResponse:
+                stream: bool, decoder: TokenDecoder, session: str | None = None
+                ) -> EngineResponse:
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
     routed = await _unless_client_leaves(st, receive, st.dispatcher.open(
         gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
-        priority=gen.priority))
+        priority=gen.priority, session_id=session))
     st.router_metrics.prompt_tokens_tally.inc((), len(gen.token_ids))
     return EngineResponse(st, routed, spec, decoder, stream)
 
@@ -172,21 +180,35 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
         if req.stream:
             return RefusedStream(exc)
         raise
-    if (rid := header_request_id(headers)) is not None:
-        gen.request_id = f"chatcmpl-{rid}"
+    session = _identify([gen], "chatcmpl", req, headers)
     spec = _spec(CHAT, gen, renderer.served_model_name,
                  **chat_options(req, gen, renderer, st.config.frontend))
     if width is not None:
         return await _answer_beams(st, receive, [gen], [spec], width, req.length_penalty,
-                                   bool(req.stream), renderer, arrival)
-    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival)
+                                   bool(req.stream), renderer, arrival, session)
+    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival, session)
+
+
+def _identify(gens: list[GenerateRequest], prefix: str,
+              req: ChatCompletionRequest | CompletionRequest, headers: Headers) -> str | None:
+    """What vLLM reads from a request's headers: ``x-request-id`` names the answer (and its
+    engine requests), ``x-vllm-priority`` wins over the body's priority. Returns the session id
+    the engine requests carry."""
+    if (rid := header_request_id(headers)) is not None:
+        for i, gen in enumerate(gens):
+            gen.request_id = f"{prefix}-{rid}" if len(gens) == 1 else f"{prefix}-{rid}-{i}"
+    if (priority := header_priority(headers)) is not None:
+        for gen in gens:
+            gen.priority = priority
+    return session_id(req, headers)
 
 
 async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                  stream: bool, renderer: Renderer, arrival: float) -> EngineResponse:
+                  stream: bool, renderer: Renderer, arrival: float,
+                  session: str | None = None) -> EngineResponse:
     """Open the engine request and its response, timed from the request's arrival."""
     decoder = st.decoders[renderer.served_model_name]
-    resp = await _open(st, receive, gen, spec, stream, decoder)
+    resp = await _open(st, receive, gen, spec, stream, decoder, session)
     resp.arrival = arrival
     return resp
 
@@ -214,9 +236,7 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
         if req.stream:
             return RefusedStream(exc)
         raise
-    if (rid := header_request_id(headers)) is not None:
-        for i, gen in enumerate(gens):
-            gen.request_id = f"cmpl-{rid}" if len(gens) == 1 else f"cmpl-{rid}-{i}"
+    session = _identify(gens, "cmpl", req, headers)
     prompts = completion_prompts(req, gens, renderer) if req.echo else [None] * len(gens)
     specs = [
         _spec(COMPLETION, gen, renderer.served_model_name,
@@ -225,16 +245,17 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
     ]
     if width is not None:
         return await _answer_beams(st, receive, gens, specs, width, req.length_penalty,
-                                   bool(req.stream), renderer, arrival)
+                                   bool(req.stream), renderer, arrival, session)
     if len(gens) == 1:
         return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
-                             arrival)
-    return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival)
+                             arrival, session)
+    return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival,
+                                 session)
 
 
 async def _answer_prompts(st: RouterState, receive: Receive, gens: list[GenerateRequest],
                           specs: list[PipelineSpec], stream: bool, renderer: Renderer,
-                          arrival: float) -> EngineResponse:
+                          arrival: float, session: str | None) -> EngineResponse:
     """Several prompts: each routed on its own, concurrently; answered as one response."""
     # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
     response_id = gens[0].request_id.rsplit("-", 1)[0]
@@ -242,7 +263,7 @@ async def _answer_prompts(st: RouterState, receive: Receive, gens: list[Generate
         raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
     opened = await _unless_client_leaves(st, receive, asyncio.gather(*(
         st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
-                           cache_salt=g.cache_salt, priority=g.priority)
+                           cache_salt=g.cache_salt, priority=g.priority, session_id=session)
         for g in gens), return_exceptions=True))
     parts = [r for r in opened if isinstance(r, Routed)]
     failed = [r for r in opened if isinstance(r, BaseException)]
@@ -265,14 +286,15 @@ async def _answer_prompts(st: RouterState, receive: Receive, gens: list[Generate
 
 async def _answer_beams(st: RouterState, receive: Receive, gens: list[GenerateRequest],
                         specs: list[PipelineSpec], width: int, length_penalty: float,
-                        stream: bool, renderer: Renderer, arrival: float) -> EngineResponse:
+                        stream: bool, renderer: Renderer, arrival: float,
+                        session: str | None) -> EngineResponse:
     """Beam search on each prompt (router/front/beam_search.py), answered as its ``width``
     best beams per prompt. The beams are the answer's choices and keep their EOS token's text
     out as vLLM's do, so the pipeline is told not to cut one more."""
     outputs = await _unless_client_leaves(st, receive, asyncio.gather(*(
         beam_search(st, gen, width, renderer.eos_token_id, length_penalty,
                     gen.sampling_params.ignore_eos, gen.sampling_params.include_stop_str_in_output,
-                    renderer.generation_config)
+                    renderer.generation_config, session)
         for gen in gens)))
     specs = [msgspec.structs.replace(s, n=width, include_stop_str_in_output=True)
              for s in specs]

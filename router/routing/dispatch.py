@@ -103,6 +103,7 @@ class Dispatcher:
     async def open(
         self, request_id: str, tokens: Sequence[int], params: SamplingParams, *,
         lora: LoRARequest | None = None, cache_salt: str | None = None, priority: int = 0,
+        session_id: str | None = None,
     ) -> Routed:
         """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
 
@@ -118,7 +119,7 @@ class Dispatcher:
                 break
             decision, note = chosen
             children = _fan_out(request_id, tokens, params, params.n, lora, cache_salt,
-                                priority)
+                                priority, session_id)
             try:
                 routed = await self._place(request_id, len(tokens), children, decision, note,
                                            attempt)
@@ -261,19 +262,20 @@ class Dispatcher:
 
 
 def _fan_out(request_id: str, tokens: Sequence[int], params: SamplingParams, n: int,
-             lora: LoRARequest | None, cache_salt: str | None, priority: int
-             ) -> list[EngineCoreRequest]:
+             lora: LoRARequest | None, cache_salt: str | None, priority: int,
+             session_id: str | None = None) -> list[EngineCoreRequest]:
     now = time.time()
     if n == 1:
         return [EngineCoreRequest(request_id, list(tokens), None, params, None, now, lora,
-                                  cache_salt, None, priority=priority)]
+                                  cache_salt, None, priority=priority, session_id=session_id)]
     out = []
     for i in range(n):
         # vLLM's ParentRequest: child i is "{i}_{id}" with n=1 and seed + i when seeded.
         seed = None if params.seed is None else params.seed + i
         child = msgspec.structs.replace(params, n=1, seed=seed)
         out.append(EngineCoreRequest(f"{i}_{request_id}", list(tokens), None, child, None, now,
-                                     lora, cache_salt, None, priority=priority))
+                                     lora, cache_salt, None, priority=priority,
+                                     session_id=session_id))
     return out
 
 
