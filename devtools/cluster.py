@@ -17,6 +17,7 @@ import httpx
 import msgspec
 
 from render.models import EMBEDDED_MODEL
+from render.service.lora_modules import LoRAModule
 from router.config import Control, EngineSpec, Frontend, Limits, RouterConfig, StreamLimits
 from router.front.state import RouterState
 from router.main import serve
@@ -52,6 +53,10 @@ class ClusterOptions:
     # The router takes its context from the engines' ready responses (no --max-model-len).
     context_from_engines: bool = False
     frontend: Frontend = field(default_factory=Frontend)  # vLLM's answer switches
+    # LoRA adapters served from the start (the sims need sim={"enable_lora": True}), and the
+    # runtime load/unload endpoints.
+    lora_modules: tuple[LoRAModule, ...] = ()
+    allow_runtime_lora_updating: bool = False
 
 
 class LocalCluster:
@@ -96,7 +101,9 @@ class LocalCluster:
                             control=control, streams=self.options.streams,
                             frontend=self.options.frontend,
                             log_json=False, log_level="WARNING",
-                            http_server=self.options.http_server)
+                            http_server=self.options.http_server,
+                            lora_modules=self.options.lora_modules,
+                            allow_runtime_lora_updating=self.options.allow_runtime_lora_updating)
 
     def sim_options(self) -> dict[str, Any]:
         """The sims' SimConfig overrides, with the context length the router is given too."""
@@ -141,7 +148,11 @@ class LocalCluster:
         if self.options.processes:
             args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
             for key, value in self.sim_options().items():
-                args += [f"--{key.replace('_', '-')}", str(value)]
+                flag = f"--{key.replace('_', '-')}"
+                if isinstance(value, bool):  # a switch: present when on
+                    args += [flag] if value else []
+                else:
+                    args += [flag, str(value)]
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:

@@ -30,6 +30,13 @@ class MistralRenderer:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._raw.encode(text, bos=add_special_tokens, eos=False))
 
+    def llg_tokenizer(self) -> Any:
+        """The llguidance tokenizer vLLM checks this model's grammars with (MistralTokenizer's
+        ``llg_tokenizer``)."""
+        from mistral_common.guidance.tokenizer import from_mistral_tokenizer
+
+        return from_mistral_tokenizer(self._tok)
+
     def render(self, req: ChatCompletionRequest) -> list[int]:
         from mistral_common.exceptions import MistralCommonException
         from mistral_common.protocol.instruct.request import ChatCompletionRequest as MistralRequest

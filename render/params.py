@@ -11,13 +11,10 @@ vLLM's own frontend would make it stop. Stop strings are kept (vllm-rs drops the
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import msgspec
-
 from render.errors import BadRequestError, ContextLengthError, vllm_message
-from render.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from render.protocol import ChatCompletionRequest, CompletionRequest
 from render.sampling_checks import DEFAULT_LIMITS, SAMPLING_EPS, RequestLimits, check_sampling
 from wire.sampling import (
     OUTPUT_DELTA,
@@ -104,28 +101,6 @@ def max_tokens_for(max_model_len: int, requested: int | None, prompt_len: int,
     return min(v for v in (remaining, fallback) if v is not None)
 
 
-def _structured_outputs(
-    structured: StructuredOutputsParams | None, fmt: ResponseFormat | None
-) -> StructuredOutputsParams | None:
-    if fmt is None or fmt.type == "text":
-        return structured
-    if fmt.type == "json_object":
-        override: dict[str, Any] = {"json_object": True}
-    elif fmt.type == "json_schema":
-        if fmt.json_schema is None:
-            raise BadRequestError(
-                "When response_format type is 'json_schema', the 'json_schema' field must be "
-                "provided.",
-                "response_format",
-            )
-        override = {"json": fmt.json_schema.schema}
-    else:
-        override = {"structural_tag": json.dumps(msgspec.to_builtins(fmt))}
-    if structured is None:
-        return StructuredOutputsParams(**override)
-    return msgspec.structs.replace(structured, **override)
-
-
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     if raw is None:
         return None
@@ -151,8 +126,11 @@ def build_sampling_params(
     generation_config: dict[str, Any],
     eos_token_id: int | None,
     limits: RequestLimits = DEFAULT_LIMITS,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
-    """The SamplingParams vLLM's frontend would hand its engine for this request."""
+    """The SamplingParams vLLM's OpenAI protocol builds for this request (``structured_outputs``:
+    the request's constraint, render.structured's ``from_request``); the steps of vLLM's input
+    processor that need the tokenizer are ``Renderer.engine_params``'."""
     values = {
         name: (v if (v := getattr(req, name)) is not None else defaults.get(name, d))
         for name, d in _OPENAI_DEFAULTS.items()
@@ -186,7 +164,7 @@ def build_sampling_params(
         include_stop_str_in_output=req.include_stop_str_in_output,
         output_kind=OUTPUT_DELTA if req.stream else OUTPUT_FINAL_ONLY,
         stream_interval=req.stream_interval,
-        structured_outputs=_structured_outputs(req.structured_outputs, req.response_format),
+        structured_outputs=structured_outputs,
         logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=req.allowed_token_ids,
         extra_args=_extra_args(req),

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, cast, overload
 import tokenizers
 from msgspec import UNSET
 
-from render.errors import BadRequestError, TemplateUnavailableError
+from render.bad_words import bad_words_token_ids
+from render.errors import BadRequestError, InputProcessorError, TemplateUnavailableError
 from render.fast_tokens import FastTokens
 from render.fast_tokens import build as build_fast_tokens
 from render.memory import release_freed_heap
@@ -42,8 +43,11 @@ from render.protocol import (
 )
 from render.request_checks import check_chat, check_completion, refuse
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits, check_engine_input
+from render.structured import StructuredOutputs
+from render.structured_config import StructuredOutputsConfig
 from render.template import ChatTemplate, TemplateCache
 from render.token_json import TokenArray, TokenIds, join
+from wire.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from render.harmony import HarmonyRenderer
@@ -86,6 +90,7 @@ class Renderer:
         harmony_start_date: str | None,
         fast_tokenizer: bool = True,
         limits: RequestLimits = DEFAULT_LIMITS,
+        structured_outputs: StructuredOutputsConfig | None = None,
     ) -> None:
         self.files = files
         self.limits = limits
@@ -119,6 +124,10 @@ class Renderer:
             from render.mistral import MistralRenderer  # mistral-common only for tekken models
 
             self._mistral = MistralRenderer(files.tekken_path)
+        # vLLM checks grammars for tekken models against their llguidance tokenizer.
+        self.structured = StructuredOutputs(
+            structured_outputs,
+            llg_tokenizer=self._mistral.llg_tokenizer if self._mistral is not None else None)
         self._affixes = self._special_affixes()
 
     @classmethod
@@ -135,6 +144,7 @@ class Renderer:
         harmony_start_date: str | None = None,
         fast_tokenizer: bool = True,
         limits: RequestLimits = DEFAULT_LIMITS,
+        structured_outputs: StructuredOutputsConfig | None = None,
     ) -> Renderer:
         """Load a local HF model directory (default: the embedded Qwen3). ``chat_template`` is
         the template text or a path to a file holding it. ``fast_tokenizer=False`` keeps
@@ -157,6 +167,7 @@ class Renderer:
             harmony_start_date=harmony_start_date,
             fast_tokenizer=fast_tokenizer,
             limits=limits,
+            structured_outputs=structured_outputs,
         )
         # Loading peaks well above what the tokenizers keep: give the difference back.
         release_freed_heap()
@@ -434,6 +445,20 @@ class Renderer:
             wanted = req.max_tokens
         return self.max_model_len - 1 if wanted else self.max_model_len
 
+    def engine_params(self, sp: SamplingParams) -> None:
+        """The steps of vLLM's input processor that need the model's tokenizer, on checked
+        params (render's own and the router's token-in ones): the structured-output constraint
+        checked and its backend resolved (render/structured.py), and ``bad_words`` turned into
+        the token ids the engine bans (render/bad_words.py)."""
+        try:
+            sp.structured_outputs = self.structured.resolve(sp.structured_outputs)
+            sp._bad_words_token_ids = bad_words_token_ids(
+                sp.bad_words, lambda text: self.encode(text, False))
+        except InputProcessorError:
+            raise
+        except BadRequestError as exc:  # vLLM's input processor's: a stream's in-band error
+            raise InputProcessorError(exc.message, exc.param) from None
+
     def _check_ids(self, ids: list[int], param: str) -> None:
         limit = max(self.vocab_size, self.tokenizer.get_vocab_size(True))
         bad = [t for t in ids if t >= limit]
@@ -470,6 +495,11 @@ class Renderer:
         token ids, checked against the vocabulary)."""
         max_tokens = max_tokens_for(self.max_model_len, requested, len(ids),
                                     self.default_sampling)
+        named_tool = isinstance(req, ChatCompletionRequest) and isinstance(
+            req.tool_choice, NamedToolChoice)
+        structured = self.structured.from_request(
+            req.structured_outputs, req.response_format,
+            chat=isinstance(req, ChatCompletionRequest), named_tool=named_tool)
         params = build_sampling_params(
             req,
             max_tokens=max_tokens,
@@ -477,10 +507,12 @@ class Renderer:
             generation_config=self.generation_config,
             eos_token_id=self.eos_token_id,
             limits=self.limits,
+            structured_outputs=structured,
         )
         check_engine_input(params, len(ids), vocab_size=self.vocab_size,
                            max_model_len=self.max_model_len, prompt_ids=prompt_ids,
                            limits=self.limits)
+        self.engine_params(params)
         return GenerateRequest(
             request_id=request_id,
             # A uint32 array only on the JSON-answer path (render_chat(array=True)).

@@ -14,8 +14,17 @@ from typing import Any
 
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
+from render.service.lora_modules import LoRAModule, lora_modules
+from render.structured_config import (
+    StructuredOutputsConfig,
+    add_structured_outputs_arguments,
+    structured_outputs_config,
+)
 from router.routing.policy import POLICIES, PolicyConfig
 from serving.server import ROUTER_SERVER, SERVERS
+
+# vLLM's switch for POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 class ConfigError(ValueError):
@@ -201,10 +210,19 @@ class RouterConfig:
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
     http_server: str = ROUTER_SERVER
+    # LoRA adapters served from the start (vLLM's --lora-modules), loaded onto every engine.
+    lora_modules: tuple[LoRAModule, ...] = ()
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist (vLLM's env switch
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING, read by from_args; or this key in the config file).
+    allow_runtime_lora_updating: bool = False
+    # The engines' --structured-outputs-config (render/structured.py; TOML [structured_outputs]).
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     def __post_init__(self) -> None:
         if self.http_server not in SERVERS:
             raise ValueError(f"http_server must be one of {SERVERS}, got {self.http_server!r}")
+        if not all(isinstance(m, LoRAModule) for m in self.lora_modules):
+            raise ValueError("lora_modules must hold LoRAModule entries")
 
 
 _SCALARS: dict[str, tuple[type, ...]] = {
@@ -289,11 +307,21 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
             raise ConfigError("link: allowed_peers must be a list of IP addresses")
         link_data["allowed_peers"] = tuple(peers)
     link = _build(LinkConfig, link_data, "link")
+    modules = data.pop("lora_modules", [])
+    if not isinstance(modules, list | tuple):
+        raise ConfigError("lora_modules: expected a list of name=path strings or tables")
+    try:
+        adapters = lora_modules(modules)
+    except ValueError as exc:
+        raise ConfigError(f"lora_modules: {exc}") from None
+    structured = _build(StructuredOutputsConfig, data.pop("structured_outputs", {}),
+                        "structured_outputs")
     frontend = _build(Frontend, data.pop("frontend", {}), "frontend")
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
-         "control": control, "streams": streams, "link": link, "frontend": frontend},
+         "control": control, "streams": streams, "link": link, "lora_modules": adapters,
+         "structured_outputs": structured, "frontend": frontend},
         "top level",
     )
 
@@ -335,6 +363,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="context length (default: the model's config.json; keep it at most "
                             "the engines' --max-model-len)")
     model.add_argument("--render-url", help="use a remote `kvroute render` service")
+    model.add_argument("--lora-modules", nargs="+", action="extend", default=[],
+                       metavar="MODULE",
+                       help="LoRA adapters served under their own model names, as in vllm "
+                            "serve: name=path, or JSON {\"name\": .., \"path\": .., "
+                            "\"base_model_name\": ..}; the path is the adapter's directory on "
+                            "the engines' hosts. Runtime loading (/v1/load_lora_adapter) needs "
+                            f"{RUNTIME_LORA_ENV}=1")
     engines = parser.add_argument_group("engines")
     engines.add_argument(
         "--engine",
@@ -366,13 +401,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-output-entries", type=int,
                         help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
                              "0: no limit)")
-    frontend = parser.add_argument_group("answers (vLLM's OpenAI-server switches)")
+    frontend = parser.add_argument_group("answers",
+                                         "vLLM's OpenAI-server switches, vLLM's defaults")
     frontend.add_argument("--enable-prompt-tokens-details", action="store_true", default=None,
                           help="usage.prompt_tokens_details.cached_tokens in every usage")
     frontend.add_argument("--enable-force-include-usage", action="store_true", default=None,
                           help="a usage chunk ends every stream, asked for or not")
     frontend.add_argument("--return-tokens-as-token-ids", action="store_true", default=None,
                           help="logprob tokens as 'token_id:N' unless a request says otherwise")
+    add_structured_outputs_arguments(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
     obs.add_argument("--plain-logs", action="store_true", help="text logs instead of JSON")
@@ -401,6 +438,14 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
 
 API_KEY_ENV = "KVROUTE_API_KEY"
 ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
+
+
+def env_flag(env: Mapping[str, str], var: str) -> bool | None:
+    """vLLM's reading of a boolean switch: "1" or "true" (any case, spaces aside) is on;
+    None when the variable is not set."""
+    if var not in env:
+        return None
+    return env[var].strip().lower() in ("1", "true")
 
 
 def read_key(path: str, what: str) -> str:
@@ -451,6 +496,11 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
             data[key] = getattr(args, key)
     if args.plain_logs:
         data["log_json"] = False
+    if args.lora_modules:
+        data["lora_modules"] = [*data.get("lora_modules", []), *args.lora_modules]
+    runtime_lora = env_flag(env, RUNTIME_LORA_ENV)
+    if runtime_lora is not None:
+        data["allow_runtime_lora_updating"] = runtime_lora
     if args.engine:
         data["engines"] = [parse_engine_flag(v, i) for i, v in enumerate(args.engine)]
     policy = dict(data.get("policy", {}))
@@ -473,6 +523,13 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, key) is not None:
             frontend[key] = getattr(args, key)
     data["frontend"] = frontend
+    if args.structured_outputs_json is not None or args.structured_outputs_backend is not None:
+        try:
+            flagged = structured_outputs_config(args.structured_outputs_json,
+                                                args.structured_outputs_backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        data["structured_outputs"] = {f.name: getattr(flagged, f.name) for f in fields(flagged)}
     try:
         return from_mapping(data)
     except ConfigError as exc:

@@ -135,4 +135,7 @@ def cli(argv: list[str]) -> int:
     except OSError as exc:
         print(f"kvroute router: cannot listen on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        print(f"kvroute router: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -5,6 +5,7 @@
      │    ├── ContextLengthError                                prompt/max_tokens past the context
      │    ├── TemplateUnavailableError                          no chat template / not allowed
      │    ├── InputProcessorError                               refused as the engine takes it
+     │    ├── InvalidUserInputError 400 InvalidUserInput        a LoRA load/unload vLLM refuses
      │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = path
      ├── AuthenticationError      401 AuthenticationError       missing or wrong API key
      ├── NotFoundError            404 NotFoundError             unknown path
@@ -122,6 +123,14 @@ class InputProcessorError(BadRequestError):
 
 class TemplateUnavailableError(BadRequestError):
     """No chat template for this model, or a request template the operator did not allow."""
+
+
+class InvalidUserInputError(BadRequestError):
+    """A LoRA adapter load or unload vLLM refuses (its error type for those)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.type = "InvalidUserInput"
 
 
 class InvalidJSONError(BadRequestError):

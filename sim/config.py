@@ -71,6 +71,12 @@ class SimConfig:
     output: str = "echo"
     # Seconds after the frontend disconnected before the engine exits on its own (0: never).
     frontend_gone_timeout: float = FRONTEND_GONE_TIMEOUT_S
+    # LoRA, as vllm serve's --enable-lora, --max-loras (adapters in one batch), --max-lora-rank
+    # and --max-cpu-loras (adapters kept loaded; None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
@@ -93,6 +99,14 @@ class SimConfig:
             raise ValueError("step times must be >= 0")
         if not 0.0 <= self.eos_prob <= 1.0:
             raise ValueError("eos_prob must be in [0, 1]")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be >= 1")
+        if self.max_cpu_loras is None:
+            object.__setattr__(self, "max_cpu_loras", self.max_loras)
+        elif self.max_cpu_loras < self.max_loras:
+            # vLLM's LoRAConfig check, worded as vLLM words it.
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras}).")
 
     @property
     def identity(self) -> bytes:
@@ -158,6 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "config.json, as the router derives it; 4096 with --vocab-size)")
     limits.add_argument("--max-num-seqs", type=int, default=256)
     limits.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    lora = p.add_argument_group("LoRA (as vllm serve)")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="serve LoRA adapters: add_lora/remove_lora/list_loras/pin_lora, and "
+                           "requests naming one (loaded from its path on first use)")
+    lora.add_argument("--max-loras", type=int, default=1,
+                      help="most distinct adapters in one step's batch")
+    lora.add_argument("--max-lora-rank", type=int, default=16,
+                      help="adapters of a higher rank are refused")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="adapters kept loaded, least recently used out (default --max-loras)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
     timing.add_argument("--prefill-time-per-token", type=float, default=2e-5,
@@ -213,4 +237,8 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         handshake_timeout=ns.handshake_timeout,
         output=ns.output,
         frontend_gone_timeout=ns.frontend_gone_timeout,
+        enable_lora=ns.enable_lora,
+        max_loras=ns.max_loras,
+        max_lora_rank=ns.max_lora_rank,
+        max_cpu_loras=ns.max_cpu_loras,
     )

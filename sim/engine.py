@@ -25,6 +25,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from sim.config import SimConfig
 from sim.kv_publisher import KVEventPublisher
+from sim.lora import NOT_ENABLED, LoRAError, worker_failure
 from sim.protocol import (
     EngineSockets,
     complete_handshake,
@@ -48,6 +49,7 @@ from wire.engine import (
     EngineCoreRequest,
     EngineError,
     FinishReason,
+    LoRARequest,
     UtilityOutput,
     enc_hook,
     ext_hook,
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 # Bound the input drained between two step checks, so a flood of requests cannot stall a step.
 _MAX_DRAIN = 4096
+LORA_UTILITIES = frozenset({"add_lora", "remove_lora", "pin_lora", "list_loras"})
 
 
 class OutputEncoder:
@@ -363,9 +366,47 @@ class SimEngine:
             value: Any = self.scheduler.reset_prefix_cache(bool(args[0]) if args else False)
         elif method == "is_sleeping":
             value = False
+        elif method in LORA_UTILITIES:
+            try:
+                value = self._lora_utility(method, list(args))
+            except (LoRAError, ValueError, TypeError) as e:  # msgspec's errors are ValueErrors
+                return UtilityOutput(call_id,
+                                     failure_message=f"Call to {method} method failed: {e}")
         else:
             # What vLLM answers when getattr(engine_core, method) fails.
             msg = f"'EngineCoreProc' object has no attribute '{method}'"
             return UtilityOutput(call_id, failure_message=f"Call to {method} method failed: {msg}")
         # vLLM's UtilityResult without pickle support: [type_info=None, value].
         return UtilityOutput(call_id, result=[None, value])
+
+    def _lora_utility(self, method: str, args: list[Any]) -> Any:
+        """vLLM's add_lora(lora_request), remove_lora(id), pin_lora(id), list_loras(): the
+        executor's checks first, then the worker's (whose failures it wraps)."""
+        if method == "list_loras":
+            if args:
+                raise TypeError(f"list_loras() takes no arguments ({len(args)} given)")
+        elif len(args) != 1:
+            raise TypeError(f"{method}() takes exactly one argument ({len(args)} given)")
+        if method == "add_lora":
+            lora = msgspec.convert(args[0], LoRARequest)
+            if lora.lora_int_id < 1:
+                raise ValueError(f"id must be > 0, got {lora.lora_int_id}")
+            if not lora.lora_path:
+                raise ValueError("lora_path cannot be empty")
+        elif method != "list_loras":
+            lora_id = args[0]
+            if not isinstance(lora_id, int) or lora_id < 1:
+                raise ValueError("lora_id must be greater than 0.")
+        cache = self.scheduler.loras
+        try:
+            if cache is None:
+                raise LoRAError(NOT_ENABLED)
+            if method == "add_lora":
+                return cache.add(lora)
+            if method == "remove_lora":
+                return cache.remove(lora_id)
+            if method == "pin_lora":
+                return cache.pin(lora_id)
+            return cache.ids()
+        except LoRAError as e:
+            raise LoRAError(worker_failure(str(e))) from None

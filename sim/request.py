@@ -31,6 +31,7 @@ class SimRequest:
         "scripted",
         "events",
         "prefill_stats",
+        "lora",
         "lora_id",
         "lora_name",
         "salt",
@@ -57,7 +58,7 @@ class SimRequest:
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
         self.hashes: list[int] = []
-        lora = req.lora_request
+        lora = self.lora = req.lora_request
         self.lora_id = lora.lora_int_id if lora else None
         self.lora_name = lora.lora_name if lora else None
         self.salt = req.cache_salt or None

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sim.config import SimConfig
+from sim.lora import LoRACache, LoRAError, worker_failure
 from sim.prefix_cache import BlockPool, chain_hashes
 from sim.request import SimRequest
 from sim.tokens import echo_stream, logprobs_row, next_token, splitmix64, token_stream
@@ -54,6 +55,10 @@ class Scheduler:
         self.requests: dict[str, SimRequest] = {}
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        # The worker's loaded adapters (None: LoRA off; then a request's adapter only names its
+        # blocks' namespace, as on a vLLM engine started without --enable-lora).
+        self.loras = (LoRACache(config.max_cpu_loras or config.max_loras, config.max_lora_rank)
+                      if config.enable_lora else None)
 
     # ---- requests in and out ----
 
@@ -103,6 +108,8 @@ class Scheduler:
             if num_new == 1 and (computed + 1) % bs and computed < len(req.blocks) * bs:
                 # Decode within a partly filled block: nothing to allocate or announce.
                 scheduled.append((req, 1, req.num_preemptions))
+                if req.lora is not None and self.loras is not None:
+                    self._load(req)
                 budget -= 1
                 i += 1
                 continue
@@ -118,32 +125,56 @@ class Scheduler:
                     break
             else:
                 scheduled.append((req, num_new, req.num_preemptions))
+                if req.lora is not None and self.loras is not None:
+                    self._load(req)
                 if req.num_computed < req.num_prompt or num_new > 1:
                     prefill_tokens += num_new
                 budget -= num_new
                 i += 1
+        # The batch's adapters: a waiting request with another one waits while max_loras are in.
+        loras = ({r.lora_id for r in running if r.lora_id is not None}
+                 if self.loras is not None else None)
+        skipped: list[SimRequest] = []
         # vLLM admits no waiting request in a step that had to preempt.
         while (
             not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs
         ):
             req = self.waiting[0]
+            if (loras is not None and req.lora_id is not None and req.lora_id not in loras
+                    and len(loras) >= cfg.max_loras):
+                skipped.append(self.waiting.popleft())
+                continue
             admitted = self._admit(req, budget)
             if admitted is None:
                 break
             num_new = admitted
             self.waiting.popleft()
+            if loras is not None and req.lora_id is not None:
+                loras.add(req.lora_id)
+                self._load(req)
             self.running.append(req)
             if cfg.log_stats:
                 req.events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
             scheduled.append((req, num_new, req.num_preemptions))
             prefill_tokens += num_new
             budget -= num_new
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))
         duration = (
             cfg.step_time
             + cfg.prefill_time_per_token * prefill_tokens
             + cfg.decode_time_per_seq * len(scheduled)
         )
         return StepPlan(scheduled, duration)
+
+    def _load(self, req: SimRequest) -> None:
+        """The step's adapter, loaded from its path unless it is (then only touched); one that
+        cannot load fails the engine, as it fails a vLLM worker's model execution."""
+        assert self.loras is not None and req.lora is not None
+        try:
+            self.loras.add(req.lora)
+        except LoRAError as exc:
+            raise RuntimeError(worker_failure(str(exc))) from exc
 
     def _admit(self, req: SimRequest, budget: int) -> int | None:
         """Start ``req`` from its longest cached prefix; None if its blocks do not fit."""

@@ -11,6 +11,12 @@ from typing import TextIO
 from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
+from render.service.lora_modules import LoRAModule, lora_modules
+from render.structured_config import (
+    StructuredOutputsConfig,
+    add_structured_outputs_arguments,
+    structured_outputs_config,
+)
 from serving.server import RENDER_SERVER, SERVERS, TAKES_SOCKET
 
 DEFAULT_PORT = 8100
@@ -62,6 +68,10 @@ class ServerConfig:
     max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
     max_stop_bytes: int = DEFAULT_LIMITS.max_stop_bytes
     max_output_entries: int = DEFAULT_LIMITS.max_output_entries
+    # LoRA adapters whose model names render with their base model (--lora-modules).
+    lora_modules: tuple[LoRAModule, ...] = ()
+    # vLLM's --structured-outputs-config: keep it equal to the engines' (render/structured.py).
+    structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -162,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="SPEC", help="another model: DIR|ORG/NAME[,served_model_name=N]"
                    "[,tokenizer=DIR][,chat_template=FILE][,max_model_len=N][,revision=REV]; "
                    "repeatable")
+    m.add_argument("--lora-modules", nargs="+", action="extend", default=[], metavar="MODULE",
+                   help="LoRA adapters whose model names render with their base model, as in "
+                        "vllm serve: name=path, or JSON {\"name\": .., \"path\": .., "
+                        "\"base_model_name\": ..}")
     m.add_argument("--allow-request-chat-template", action="store_true",
                    help="accept a request's own `chat_template` (off: 400)")
     s = p.add_argument_group("serving")
@@ -181,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most n x max_tokens x (logprobs + 1) per request (0: no limit)")
     s.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024,
                    help="larger request bodies are refused with 413")
+    add_structured_outputs_arguments(p)
     r = p.add_argument_group("where renders run")
     r.add_argument("--offload-bytes", type=int, default=DEFAULT_OFFLOAD_BYTES,
                    help="bodies up to this size always render on the event loop")
@@ -215,6 +230,13 @@ def parse_args(argv: list[str]) -> ServerConfig:
     names = [m.served_model_name for m in models]
     if len(set(names)) != len(names):
         p.error(f"served model names must be unique, got {names}")
+    try:
+        adapters = lora_modules(a.lora_modules)
+    except ValueError as e:
+        p.error(str(e))
+    for module in adapters:
+        if module.name in names:
+            p.error(f"LoRA module {module.name!r} conflicts with a served base model")
     for name, value, low in (("--workers", a.workers, 1), ("--max-body-bytes", a.max_body_bytes, 1),
                              ("--offload-bytes", a.offload_bytes, 0),
                              ("--inline-budget-ms", a.inline_budget_ms, 0),
@@ -227,12 +249,18 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--max-output-entries", a.max_output_entries, 0)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
+    try:
+        structured = structured_outputs_config(a.structured_outputs_json,
+                                               a.structured_outputs_backend)
+    except ValueError as e:
+        p.error(str(e))
     if a.http_server not in TAKES_SOCKET and a.workers > 1:
         # It binds from an address: worker processes cannot share the parent's socket.
         p.error(f"--http-server {a.http_server} serves one process: use --workers 1")
     # Every other field has a flag of its name (switch_interval has none: it keeps its default).
     flags = {f.name: getattr(a, f.name) for f in fields(ServerConfig) if hasattr(a, f.name)}
-    return ServerConfig(**{**flags, "models": models})
+    return ServerConfig(**{**flags, "models": models, "lora_modules": adapters,
+                           "structured_outputs": structured})
 
 
 def resolve_spec(spec: ModelSpec, progress: TextIO | None = sys.stderr) -> ModelSpec:

@@ -17,6 +17,8 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
+from render.service.lora_modules import LoRAModule
+from render.structured_config import StructuredOutputsConfig
 from render.token_json import json_encoder
 
 
@@ -33,9 +35,13 @@ class Codecs:
 
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
-                limits: RequestLimits = DEFAULT_LIMITS) -> ModelRegistry:
-    """The renderers of ``specs``, in order (the first is the default model)."""
-    return ModelRegistry([
+                limits: RequestLimits = DEFAULT_LIMITS,
+                lora_modules: Iterable[LoRAModule] = (),
+                structured_outputs: StructuredOutputsConfig | None = None) -> ModelRegistry:
+    """The renderers of ``specs``, in order (the first is the default model); each LoRA
+    module's name is an alias of its base model (``base_model_name`` when that is served, else
+    the first model, as vLLM parents an adapter)."""
+    registry = ModelRegistry([
         Renderer.load(
             spec.model,
             tokenizer=spec.tokenizer,
@@ -44,9 +50,15 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
             max_model_len=spec.max_model_len,
             allow_request_chat_template=allow_request_chat_template,
             limits=limits,
+            structured_outputs=structured_outputs,
         )
         for spec in specs
     ])
+    served = set(registry.names())
+    for module in lora_modules:
+        base = module.base_model_name if module.base_model_name in served else None
+        registry.add_alias(module.name, base)
+    return registry
 
 
 def find_model(registry: ModelRegistry, name: str | None) -> Renderer:

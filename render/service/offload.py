@@ -84,7 +84,8 @@ class _Helper:
     def __init__(self, cfg: ServerConfig, barrier: Any) -> None:
         self.registry = load_models(
             cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
-            limits=cfg.request_limits)
+            limits=cfg.request_limits, lora_modules=cfg.lora_modules,
+            structured_outputs=cfg.structured_outputs)
         self.codecs = c = Codecs()
         self.barrier = barrier
         self.jobs: dict[str, tuple[Any, Callable[[Renderer, Any], tuple[object, int]]]] = {

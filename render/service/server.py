@@ -113,24 +113,35 @@ async def detokenize_endpoint(request: Request) -> Response:
                                   lambda r: r.detokenize)
 
 
+def model_card(model_id: str, created: int, root: str, parent: str | None,
+               max_model_len: int | None) -> dict[str, object]:
+    """One entry of ``GET /v1/models`` (vLLM's ModelCard); an adapter's has its base model as
+    ``parent``, its directory as ``root`` and no ``max_model_len``."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": max_model_len,
+            "permission": [_permission(created)]}
+
+
+def model_cards(st: RenderState) -> list[dict[str, object]]:
+    """The served models' cards, then the static LoRA modules' (--lora-modules)."""
+    created = st.models.created
+    cards = [model_card(r.served_model_name, created, str(root), None, r.max_model_len)
+             for r, root in zip(st.models.registry, st.roots, strict=True)]
+    parents = st.models.registry.aliases()
+    cards += [model_card(m.name, created, m.path, parents[m.name], None)
+              for m in st.lora_modules]
+    return cards
+
+
+def models_body(cards: list[dict[str, object]]) -> dict[str, object]:
+    return {"object": "list", "data": cards}
+
+
 async def list_models(request: Request) -> Response:
-    """vLLM's model list, field for field (its owner and permission entry too), so clients that
-    read them see what `vllm serve` shows."""
+    """vLLM's model list, field for field, so clients that read it see what `vllm serve`
+    shows."""
     st = render_state(request.scope["state"])
-    data = [
-        {
-            "id": r.served_model_name,
-            "object": "model",
-            "created": st.models.created,
-            "owned_by": "vllm",
-            "root": str(root),
-            "parent": None,
-            "max_model_len": r.max_model_len,
-            "permission": [_permission(st.models.created)],
-        }
-        for r, root in zip(st.models.registry, st.roots, strict=True)
-    ]
-    return json_response(st.codecs.encoder, {"object": "list", "data": data})
+    return json_response(st.codecs.encoder, models_body(model_cards(st)))
 
 
 def _permission(created: int) -> dict[str, object]:
@@ -168,14 +179,15 @@ def create_app(cfg: ServerConfig, *,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, RenderState]]:
         registry = await asyncio.to_thread(
             load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
-            limits=cfg.request_limits)
+            limits=cfg.request_limits, lora_modules=cfg.lora_modules,
+            structured_outputs=cfg.structured_outputs)
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.
         helper = RenderHelper(cfg, metrics)
         helper.start()
         st = RenderState(Models(registry, int(time.time())), tuple(m.model for m in cfg.models),
-                         cfg.limits, pool, Codecs(), metrics, helper)
+                         cfg.limits, pool, Codecs(), metrics, helper, cfg.lora_modules)
         if on_ready is not None:
             on_ready()
         try:

@@ -18,6 +18,7 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.service.config import RenderLimits
 from render.service.loading import Codecs, find_model
+from render.service.lora_modules import LoRAModule
 from render.service.offload import RenderHelper
 from serving.metrics import RenderMetrics
 
@@ -116,6 +117,8 @@ class RenderState:
     codecs: Codecs
     metrics: RenderMetrics
     helper: RenderHelper | None  # None: every body renders in this process (the router)
+    # The static adapters whose names render with a base model (their aliases in the registry).
+    lora_modules: tuple[LoRAModule, ...] = ()
 
     async def run(self, renderer: Renderer, size: int, fn: Callable[..., T], *args: Any) -> T:
         return await render_in(self.models, self.limits, self.pool, renderer, size, fn, *args)

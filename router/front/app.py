@@ -3,6 +3,8 @@
     POST /v1/chat/completions, /v1/completions      render -> route -> engine -> pipeline (SSE/JSON)
     POST /inference/v1/generate                     token-in GenerateRequest -> token-out
     POST /inference/v1/abort_requests               {"request_ids": [...]}
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter  LoRA adapters at run time, with
+                                                    VLLM_ALLOW_RUNTIME_LORA_UPDATING (lora.py)
     POST /v1/chat/completions/render, /v1/completions/render, /tokenize, /detokenize  (render's)
     GET  /v1/models, /metrics; /health (liveness), /ready (readiness) — never behind the API key
     POST/GET /admin/engines, DELETE /admin/engines/NAME   join, list, drain and remove engines
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +38,8 @@ from render.service.config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimit
 from render.service.loading import Codecs, load_models
 from render.service.state import STATE_KEY as RENDER_KEY
 from render.service.state import Models, RenderState
-from router.config import RouterConfig
-from router.front import control, handlers
+from router.config import ConfigError, RouterConfig
+from router.front import control, handlers, lora
 from router.front.fast_path import FastPath
 from router.front.render_client import RenderClient
 from router.front.state import STATE_KEY as ROUTER_KEY
@@ -44,6 +47,7 @@ from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
 from router.link.engine_client import EngineClient, EngineStatus
 from router.obs.metrics import RouterMetrics
+from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 from router.routing.dispatch import Dispatcher
 from router.routing.fleet import Fleet
@@ -60,6 +64,8 @@ from serving.errors import (
 from serving.guard import ApiKey, RequestIdSend
 from serving.http_errors import ErrorPath, error_response
 from serving.metrics import RenderMetrics
+
+log = logging.getLogger("kvroute.router")
 
 PROBES = frozenset({"/health", "/ping", "/ready", "/metrics"})
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -201,6 +207,10 @@ def create_app(cfg: RouterConfig,
     ``on_ready(live)`` runs once the lifespan has built them, before the first request."""
     lifecycle = Lifecycle()
     spec = model_of(cfg)
+    for module in cfg.lora_modules:
+        if module.name == spec.served_model_name:
+            raise ConfigError(f"lora_modules: the LoRA adapter {module.name!r} conflicts with "
+                              "the served base model's name")
     limits = RenderLimits(max_body_bytes=cfg.limits.max_body_bytes)
 
     @contextlib.asynccontextmanager
@@ -208,7 +218,8 @@ def create_app(cfg: RouterConfig,
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
         models = Models(await asyncio.to_thread(
-            lambda: load_models([spec], limits=cfg.limits.request)), int(time.time()))
+            lambda: load_models([spec], limits=cfg.limits.request,
+                                structured_outputs=cfg.structured_outputs)), int(time.time()))
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)
@@ -221,6 +232,12 @@ def create_app(cfg: RouterConfig,
         await client.start()
         kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes)
         await kv.start()
+        adapters = Adapters(client, models.registry)
+        adapters.add_static(cfg.lora_modules)
+        if cfg.allow_runtime_lora_updating:
+            log.warning("LoRA dynamic loading & unloading is enabled: POST "
+                        "/v1/load_lora_adapter and /v1/unload_lora_adapter change what every "
+                        "engine serves (keep them behind the API key)")
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
         caps = {id(r): r.max_model_len for r in models.registry}
@@ -233,18 +250,20 @@ def create_app(cfg: RouterConfig,
         # A configured --max-model-len is kept; else the engines' own lengths rule.
         fleet = Fleet(client, kv, index, admission, cfg.engines,
                       max_model_len=min(caps.values()),
-                      on_context=None if cfg.max_model_len is not None else set_context)
+                      on_context=None if cfg.max_model_len is not None else set_context,
+                      adapters=adapters)
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
-        dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
+        dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics,
+                                adapters=adapters)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
         st = RouterState(
             config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
             index=index, dispatcher=dispatcher, fleet=fleet, lifecycle=lifecycle,
             router_metrics=metrics, decoders=decoders,
-            generate_decoder=msgspec.json.Decoder(GenerateRequest))
+            generate_decoder=msgspec.json.Decoder(GenerateRequest), adapters=adapters)
         # For in-process tools (demo, tests): the same object the handlers see.
         app.state.live = st
         # The startup heap (tokenizers, templates, the index) lives as long as the process, yet
@@ -264,6 +283,7 @@ def create_app(cfg: RouterConfig,
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await adapters.close()
             await kv.close()
             await client.close()
             if remote is not None:
@@ -279,7 +299,7 @@ def create_app(cfg: RouterConfig,
         Route("/v1/completions/render", render_server.completion_render, methods=["POST"]),
         Route("/tokenize", render_server.tokenize_endpoint, methods=["POST"]),
         Route("/detokenize", render_server.detokenize_endpoint, methods=["POST"]),
-        Route("/v1/models", render_server.list_models, methods=["GET"]),
+        Route("/v1/models", lora.list_models, methods=["GET"]),
         Route("/admin/engines", control.add_engine, methods=["POST"]),
         Route("/admin/engines", control.list_engines, methods=["GET"]),
         Route("/admin/engines/{name}", control.remove_engine, methods=["DELETE"]),
@@ -288,6 +308,11 @@ def create_app(cfg: RouterConfig,
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
+    if cfg.allow_runtime_lora_updating:
+        routes += [
+            Route("/v1/load_lora_adapter", lora.load_lora_adapter, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", lora.unload_lora_adapter, methods=["POST"]),
+        ]
     errors = router_errors()
     api_key = ApiKey(cfg.api_key)
     app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=dict(errors.handlers()))

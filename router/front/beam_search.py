@@ -24,7 +24,7 @@ from render.request_checks import refuse
 from router.front.state import RouterState
 from router.link.request_stream import RequestStream
 from serving.errors import EngineOutputError
-from wire.engine import EngineCoreOutput, FinishReason
+from wire.engine import EngineCoreOutput, FinishReason, LoRARequest
 from wire.ndarrays import rows_of
 from wire.sampling import OUTPUT_FINAL_ONLY, SamplingParams
 
@@ -68,7 +68,7 @@ def check_beam(logprobs: bool) -> None:
 
 async def beam_search(st: RouterState, gen: GenerateRequest, width: int, eos: int | None,
                       length_penalty: float, ignore_eos: bool, include_stop: bool,
-                      generation_config: dict[str, object],
+                      generation_config: dict[str, object], lora: LoRARequest | None = None,
                       session: str | None = None) -> list[EngineCoreOutput]:
     """The ``width`` best continuations of ``gen``'s prompt, at most its ``max_tokens`` long,
     each as one finished engine output (finish STOP at EOS, else LENGTH)."""
@@ -82,7 +82,7 @@ async def beam_search(st: RouterState, gen: GenerateRequest, width: int, eos: in
     for _ in range(sp.max_tokens or 0):
         batch = f"{gen.request_id}-{uuid.uuid4().hex}"
         rows = await asyncio.gather(*(
-            _next_tokens(st, f"{batch}-beam-{i}", beam.tokens, step_params, gen, session)
+            _next_tokens(st, f"{batch}-beam-{i}", beam.tokens, step_params, gen, lora, session)
             for i, beam in enumerate(beams)))
         candidates: list[tuple[float, int, _Beam]] = []
         for beam, row in zip(beams, rows, strict=True):
@@ -127,12 +127,12 @@ def _step_params(sp: SamplingParams, width: int, eos: int | None,
 
 
 async def _next_tokens(st: RouterState, request_id: str, tokens: Sequence[int],
-                       params: SamplingParams, gen: GenerateRequest,
+                       params: SamplingParams, gen: GenerateRequest, lora: LoRARequest | None,
                        session: str | None) -> dict[int, float]:
     """One beam's step on an engine: its candidates' logprobs, the sampled token first (as
     vLLM's dict: a candidate met again keeps its place)."""
     routed = await st.dispatcher.open(request_id, tokens, msgspec.structs.replace(params),
-                                      cache_salt=gen.cache_salt, session_id=session)
+                                      lora=lora, cache_salt=gen.cache_salt, session_id=session)
     try:
         out = routed.first[0]
         while not out.finished:

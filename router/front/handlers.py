@@ -42,6 +42,7 @@ from router.front.state import RouterState, router_state
 from router.routing.dispatch import Routed
 from serving.body import read_body
 from serving.errors import ClientGoneError
+from wire.engine import LoRARequest
 
 T = TypeVar("T")
 Receive = Callable[[], Awaitable[Any]]
@@ -87,15 +88,37 @@ def _admit(st: RouterState, renderer: Renderer, gen: GenerateRequest, where: str
                        limits=st.config.limits.request, reasoning=False)
 
 
+
+def _target(st: RouterState, model: str | None) -> tuple[Renderer, LoRARequest | None]:
+    """The renderer a request's ``model`` names and its LoRA adapter, if it names one (then
+    the renderer is the adapter's base model's, as vLLM renders adapter requests)."""
+    return st.models.get(model), st.adapters.get(model)
+
+
+def _served(renderer: Renderer, lora: LoRARequest | None) -> str:
+    """The ``model`` of the answer: the adapter's name for an adapter request, as vLLM."""
+    return renderer.served_model_name if lora is None else lora.lora_name
+
+
+def _for_remote(body: bytes, renderer: Renderer, lora: LoRARequest | None) -> bytes:
+    """The body for the render service: an adapter's model name becomes its base model's
+    (the service knows the base models, not the adapters loaded here at run time)."""
+    if lora is None:
+        return body
+    data = msgspec.json.decode(body)
+    data["model"] = renderer.served_model_name
+    return msgspec.json.encode(data)
+
+
 async def _open(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
-                stream: bool, decoder: TokenDecoder, session: str | None = None
-                ) -> EngineResponse:
+                stream: bool, decoder: TokenDecoder, lora: LoRARequest | None = None,
+                session: str | None = None) -> EngineResponse:
     if gen.request_id in st.active:
         raise BadRequestError(f"request_id {gen.request_id!r} is already in flight.",
                               "request_id")
     routed = await _unless_client_leaves(st, receive, st.dispatcher.open(
-        gen.request_id, gen.token_ids, gen.sampling_params, cache_salt=gen.cache_salt,
-        priority=gen.priority, session_id=session))
+        gen.request_id, gen.token_ids, gen.sampling_params, lora=lora,
+        cache_salt=gen.cache_salt, priority=gen.priority, session_id=session))
     st.router_metrics.prompt_tokens_tally.inc((), len(gen.token_ids))
     return EngineResponse(st, routed, spec, decoder, stream)
 
@@ -163,7 +186,7 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
     """A read chat completions body: render, route, open; its answer is the returned app."""
     check_json(headers)
     req = decode_request(st.render.codecs.chat, body)
-    renderer = st.models.get(req.model)
+    renderer, lora = _target(st, req.model)
     width = None
     if req.use_beam_search:  # rendered as one plain choice, grown into beams here
         check_chat(req)
@@ -172,7 +195,7 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
         body = msgspec.json.encode(req)
     try:
         if st.remote is not None:
-            gen = await st.remote.render_chat(body)
+            gen = await st.remote.render_chat(_for_remote(body, renderer, lora))
         else:
             gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
         _admit(st, renderer, gen)
@@ -181,12 +204,13 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
             return RefusedStream(exc)
         raise
     session = _identify([gen], "chatcmpl", req, headers)
-    spec = _spec(CHAT, gen, renderer.served_model_name,
+    spec = _spec(CHAT, gen, _served(renderer, lora),
                  **chat_options(req, gen, renderer, st.config.frontend))
     if width is not None:
         return await _answer_beams(st, receive, [gen], [spec], width, req.length_penalty,
-                                   bool(req.stream), renderer, arrival, session)
-    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival, session)
+                                   bool(req.stream), renderer, arrival, lora, session)
+    return await _answer(st, receive, gen, spec, bool(req.stream), renderer, arrival, lora,
+                         session)
 
 
 def _identify(gens: list[GenerateRequest], prefix: str,
@@ -205,10 +229,11 @@ def _identify(gens: list[GenerateRequest], prefix: str,
 
 async def _answer(st: RouterState, receive: Receive, gen: GenerateRequest, spec: PipelineSpec,
                   stream: bool, renderer: Renderer, arrival: float,
-                  session: str | None = None) -> EngineResponse:
+                  lora: LoRARequest | None = None, session: str | None = None
+                  ) -> EngineResponse:
     """Open the engine request and its response, timed from the request's arrival."""
     decoder = st.decoders[renderer.served_model_name]
-    resp = await _open(st, receive, gen, spec, stream, decoder, session)
+    resp = await _open(st, receive, gen, spec, stream, decoder, lora, session)
     resp.arrival = arrival
     return resp
 
@@ -218,7 +243,7 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
     """A read completions body: render (one or several prompts), route, open."""
     check_json(headers)
     req = decode_request(st.render.codecs.completion, body)
-    renderer = st.models.get(req.model)
+    renderer, lora = _target(st, req.model)
     width = None
     if req.use_beam_search:  # rendered as one plain choice per prompt, grown into beams here
         check_completion(req)
@@ -227,7 +252,7 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
         body = msgspec.json.encode(req)
     try:
         if st.remote is not None:
-            gens = await st.remote.render_completion(body)
+            gens = await st.remote.render_completion(_for_remote(body, renderer, lora))
         else:
             gens = await st.render.run(renderer, len(body), renderer.render_completion, req)
         for gen in gens:
@@ -239,30 +264,31 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
     session = _identify(gens, "cmpl", req, headers)
     prompts = completion_prompts(req, gens, renderer) if req.echo else [None] * len(gens)
     specs = [
-        _spec(COMPLETION, gen, renderer.served_model_name,
+        _spec(COMPLETION, gen, _served(renderer, lora),
               **completion_options(req, gen, prompt, st.config.frontend))
         for gen, prompt in zip(gens, prompts, strict=True)
     ]
     if width is not None:
         return await _answer_beams(st, receive, gens, specs, width, req.length_penalty,
-                                   bool(req.stream), renderer, arrival, session)
+                                   bool(req.stream), renderer, arrival, lora, session)
     if len(gens) == 1:
         return await _answer(st, receive, gens[0], specs[0], bool(req.stream), renderer,
-                             arrival, session)
+                             arrival, lora, session)
     return await _answer_prompts(st, receive, gens, specs, bool(req.stream), renderer, arrival,
-                                 session)
+                                 lora, session)
 
 
 async def _answer_prompts(st: RouterState, receive: Receive, gens: list[GenerateRequest],
                           specs: list[PipelineSpec], stream: bool, renderer: Renderer,
-                          arrival: float, session: str | None) -> EngineResponse:
+                          arrival: float, lora: LoRARequest | None,
+                          session: str | None) -> EngineResponse:
     """Several prompts: each routed on its own, concurrently; answered as one response."""
     # vLLM names the prompts' requests "{id}-{i}"; the response carries the id itself.
     response_id = gens[0].request_id.rsplit("-", 1)[0]
     if response_id in st.active or any(g.request_id in st.active for g in gens):
         raise BadRequestError(f"request_id {response_id!r} is already in flight.", "request_id")
     opened = await _unless_client_leaves(st, receive, asyncio.gather(*(
-        st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params,
+        st.dispatcher.open(g.request_id, g.token_ids, g.sampling_params, lora=lora,
                            cache_salt=g.cache_salt, priority=g.priority, session_id=session)
         for g in gens), return_exceptions=True))
     parts = [r for r in opened if isinstance(r, Routed)]
@@ -287,14 +313,14 @@ async def _answer_prompts(st: RouterState, receive: Receive, gens: list[Generate
 async def _answer_beams(st: RouterState, receive: Receive, gens: list[GenerateRequest],
                         specs: list[PipelineSpec], width: int, length_penalty: float,
                         stream: bool, renderer: Renderer, arrival: float,
-                        session: str | None) -> EngineResponse:
+                        lora: LoRARequest | None, session: str | None) -> EngineResponse:
     """Beam search on each prompt (router/front/beam_search.py), answered as its ``width``
     best beams per prompt. The beams are the answer's choices and keep their EOS token's text
     out as vLLM's do, so the pipeline is told not to cut one more."""
     outputs = await _unless_client_leaves(st, receive, asyncio.gather(*(
         beam_search(st, gen, width, renderer.eos_token_id, length_penalty,
                     gen.sampling_params.ignore_eos, gen.sampling_params.include_stop_str_in_output,
-                    renderer.generation_config, session)
+                    renderer.generation_config, lora, session)
         for gen in gens)))
     specs = [msgspec.structs.replace(s, n=width, include_stop_str_in_output=True)
              for s in specs]
@@ -319,22 +345,23 @@ async def open_generate(st: RouterState, receive: Receive, body: bytes, arrival:
     out. The read body: decode and check it, route, open."""
     check_json(headers)
     gen = decode_request(st.generate_decoder, body)
-    renderer = st.models.get(gen.model)
+    renderer, lora = _target(st, gen.model)
     if not gen.token_ids:
         raise BadRequestError("token_ids must hold at least one token id.", "token_ids")
     check_sampling(gen.sampling_params, "sampling_params.", st.config.limits.request)
     try:
         _admit(st, renderer, gen, where="sampling_params.", prompt_ids=gen.token_ids)
+        renderer.engine_params(gen.sampling_params)
     except InputProcessorError as exc:
         if gen.stream:
             return RefusedStream(exc)
         raise
-    spec = _spec(GENERATE, gen, renderer.served_model_name, output_mode=gen.output_mode,
+    spec = _spec(GENERATE, gen, _served(renderer, lora), output_mode=gen.output_mode,
                  return_token_ids=bool(gen.return_token_ids),
                  prompt_token_ids=gen.token_ids if gen.return_token_ids else None,
                  **usage_options(gen, st.config.frontend))
     resp = await _open(st, receive, gen, spec, bool(gen.stream),
-                       st.decoders[renderer.served_model_name])
+                       st.decoders[renderer.served_model_name], lora)
     resp.arrival = arrival
     return resp
 

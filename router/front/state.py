@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from router.kvfeed.kv_subscriber import KVSubscriber
     from router.link.engine_client import EngineClient
     from router.obs.metrics import RouterMetrics
+    from router.routing.adapters import Adapters
     from router.routing.dispatch import Dispatcher, Routed
     from router.routing.fleet import Fleet
 
@@ -77,6 +78,7 @@ class RouterState:
     router_metrics: RouterMetrics
     decoders: dict[str, TokenDecoder]  # by served model name
     generate_decoder: msgspec.json.Decoder[GenerateRequest]
+    adapters: Adapters  # the LoRA adapters served (model names), loaded onto the engines
     # The requests on engines now, by request id (abort_requests, duplicate-id refusal).
     active: dict[str, Routed | RoutedGroup | BeamAnswer] = field(default_factory=dict)
 

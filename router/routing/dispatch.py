@@ -16,6 +16,7 @@ from render.errors import BadRequestError
 from router.kvfeed.kv_subscriber import kv_namespace
 from router.link.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
 from router.obs.metrics import RouterMetrics
+from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
 from serving.errors import OverloadedError
@@ -63,8 +64,11 @@ class Dispatcher:
     """Chooses the engine (policy over healthy engines with free slots), submits, retries once."""
 
     def __init__(self, client: EngineClient, policy: Policy, admission: Admission,
-                 metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic,
+                 adapters: Adapters | None = None) -> None:
         self.client = client
+        # The LoRA adapters and the engines that loaded each (None: no adapter is served).
+        self.adapters = adapters
         self.policy = policy
         self.admission = admission
         self.metrics = metrics
@@ -108,13 +112,16 @@ class Dispatcher:
         """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
 
         Raises OverloadedError (no slot / no engine) or EngineLinkError (failed twice before a
-        token).
+        token). A LoRA request goes only to engines that loaded its adapter.
         """
         namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
         excluded: set[str] = set()
+        holders: frozenset[str] | None = None
+        if lora is not None:
+            excluded, holders = self._lora_engines(lora)
         last_error: EngineLinkError | None = None
         for attempt in (1, 2):
-            chosen = await self._choose(tokens, namespace, excluded)
+            chosen = await self._choose(tokens, namespace, excluded, holders)
             if chosen is None:
                 break
             decision, note = chosen
@@ -139,13 +146,28 @@ class Dispatcher:
                    for out in routed.first):
                 # The engine refused the request (its answer says why): it caches nothing.
                 self.policy.index.forget_routed(decision.engine, tokens, namespace)
+            elif lora is not None and self.adapters is not None:
+                self.adapters.routed(decision.engine, lora)
             return routed
         if last_error is not None:
             raise last_error
+        if lora is not None:
+            raise OverloadedError(503, f"No healthy engine has the LoRA adapter "
+                                       f"'{lora.lora_name}' loaded; retry later.",
+                                  self.admission.retry_after)
         raise OverloadedError(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
 
-    async def _choose(self, tokens: Sequence[int], namespace: Hashable, excluded: set[str]
+    def _lora_engines(self, lora: LoRARequest) -> tuple[set[str], frozenset[str]]:
+        """The engines a LoRA request must not go to (they did not load its adapter), and
+        those holding it loaded now."""
+        if self.adapters is None:
+            return set(self.client.engines), frozenset()
+        usable = self.adapters.usable(lora)
+        return {e for e in self.client.engines if e not in usable}, self.adapters.holders(lora)
+
+    async def _choose(self, tokens: Sequence[int], namespace: Hashable, excluded: set[str],
+                      holders: frozenset[str] | None = None
                       ) -> tuple[Decision, Callable[[], object]] | None:
         """The policy's decision over the open healthy engines not excluded, waiting for a slot
         if none is open (or others queue first); None: no engine to wait for."""
@@ -167,7 +189,7 @@ class Dispatcher:
             open_now = candidates()
         loads = admission.loads(open_now, self._engine_stats)
         try:
-            return self.policy.decide(tokens, namespace, loads, self.clock())
+            return self.policy.decide(tokens, namespace, loads, self.clock(), holders)
         except NoEngineError:
             return None
 

@@ -10,6 +10,7 @@ from radix import PrefixIndex
 from router.config import EngineSpec
 from router.kvfeed.kv_subscriber import KVEndpoints, KVSubscriber
 from router.link.engine_client import EngineClient, EngineStatus
+from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 
 log = logging.getLogger("kvroute.fleet")
@@ -29,8 +30,11 @@ class Fleet:
     def __init__(self, client: EngineClient, kv: KVSubscriber, index: PrefixIndex,
                  admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
                  max_model_len: int | None = None,
-                 on_context: Callable[[int], None] | None = None) -> None:
+                 on_context: Callable[[int], None] | None = None,
+                 adapters: Adapters | None = None) -> None:
         self.client = client
+        # The LoRA adapters, loaded onto each engine as it turns ready.
+        self.adapters = adapters
         # The context length the router may admit prompts to at most (the model's, or the
         # configured one); the engines' own lengths lower it (``context``).
         self.max_model_len = max_model_len
@@ -61,6 +65,8 @@ class Fleet:
         """Unlink an engine for good: its sockets close, its blocks and KV feed go (requests
         still on it fail: drain it first)."""
         self.specs.pop(name, None)
+        if self.adapters is not None:
+            self.adapters.engine_gone(name)
         await self.client.remove_engine(name)
         self.connects.pop(name, None)
         if name in self.attached:
@@ -104,6 +110,8 @@ class Fleet:
             if endpoints is not None and name not in self.subscribed:
                 self.kv.add_engine(endpoints)
                 self.subscribed.add(name)
+        if self.adapters is not None:
+            self.adapters.engine_ready(name, info)
         engine_len = info.max_model_len if info is not None else None
         log.info("engine ready", extra={"engine": name, "block_size": block_size,
                                         "max_model_len": engine_len, "adopted": eng.adopted,
@@ -138,8 +146,12 @@ class Fleet:
                 self.on_context(context)
 
     def _restarted(self, name: str) -> None:
-        self.connects[name] = self.client.engines[name].counters.connects
+        eng = self.client.engines[name]
+        self.connects[name] = eng.counters.connects
         log.warning("engine reconnected: rebuilding its index", extra={"engine": name})
+        if self.adapters is not None:
+            # A new process holds no adapter: load them again.
+            self.adapters.engine_ready(name, eng.ready)
         if name in self.subscribed:
             # Clears the old process's blocks and replays the new one's buffer.
             asyncio.get_running_loop().create_task(self.kv.engine_restarted(name))
@@ -147,6 +159,8 @@ class Fleet:
     def _detach(self, name: str, why: str) -> None:
         self.attached.discard(name)
         self._update_context()
+        if self.adapters is not None:
+            self.adapters.engine_gone(name)
         # Whatever it cached is gone with it; a restarted engine re-announces its blocks.
         self.index.remove_engine(name)
         log.warning("engine unavailable", extra={"engine": name, "reason": why})
