@@ -204,7 +204,7 @@ def _chat_cases() -> list[Case]:
                    skip_special_tokens=False))
     c += both(chat("chat.truncate_all", messages=[{"role": "user", "content": LONG_TEXT * 2}],
                    truncate_prompt_tokens=-1))
-    # Another branch's work (structured outputs, bad_words, tool calls and reasoning).
+    # Structured outputs, bad_words, tool calls and reasoning.
     c += both(chat("chat.response_format_text", response_format={"type": "text"}))
     c += both(chat("chat.response_format_json", response_format={"type": "json_object"}))
     c += both(chat("chat.response_format_schema", response_format={
@@ -392,15 +392,11 @@ def _family(prefixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(c.name for c in CASES if c.name.split(".stream")[0] in prefixes)
 
 
-_STRUCTURED = "branch `structured` (structured outputs and bad_words, issue 15 item 2)"
 _PARSERS = "branch `parsers` (tool-call / reasoning parsing, tool_choice, issue 16)"
 
 # Cases whose answers differ, by name, with the reason. Each must still differ (a mark left on a
 # case that became identical fails the stage: remove it).
 EXPECTED: dict[str, str] = {
-    **dict.fromkeys(_family((
-        "chat.response_format_json", "chat.response_format_schema", "chat.structured_choice",
-        "cmpl.response_format_json", "cmpl.structured_regex")), _STRUCTURED),
     **dict.fromkeys(_family(("chat.tools_auto", "chat.tools_named")), _PARSERS),
     "err.get_method": "on purpose: every error kvroute answers is OpenAI's error JSON, a 405 "
                       "too (vLLM answers FastAPI's {\"detail\": ...} there)",
