@@ -223,10 +223,9 @@ class Renderer:
         source = self.files.chat_template(req.tools is not None)
         if req.chat_template is not None:
             if not self.allow_request_chat_template:
-                raise TemplateUnavailableError(
+                raise TemplateUnavailableError(  # vLLM's words, and no param (as vLLM's)
                     "Chat template is passed with request, but --trust-request-chat-template "
-                    "is not set. Refused request with untrusted chat template.",
-                    "chat_template",
+                    "is not set. Refused request with untrusted chat template."
                 )
             source = req.chat_template
         if source is None:
@@ -389,8 +388,8 @@ class Renderer:
         if len(texts) != len(all_ids):  # one prompt of token ids
             texts = [None] * len(all_ids)
         for i, ids in enumerate(all_ids):
-            if not ids:
-                raise BadRequestError("No token_ids rendered", "prompt")
+            if not ids:  # vLLM's input processor refuses it (a stream's in-band error)
+                raise InputProcessorError("The decoder prompt cannot be empty")
             rid = base if len(all_ids) == 1 else f"{base}-{i}"
             text = texts[i]
             offsets = None

@@ -6,7 +6,7 @@
      │    ├── TemplateUnavailableError                          no chat template / not allowed
      │    ├── InputProcessorError                               refused as the engine takes it
      │    ├── InvalidUserInputError 400 InvalidUserInput        a LoRA load/unload vLLM refuses
-     │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = path
+     │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = its path
      ├── AuthenticationError      401 AuthenticationError       missing or wrong API key
      ├── NotFoundError            404 NotFoundError             unknown path
      │    └── ModelNotFoundError                                unknown `model` (param "model")
@@ -44,6 +44,7 @@ import msgspec
 _ENCODER = msgspec.json.Encoder()
 # msgspec ends its messages with " - at `$.messages[0].role`".
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_INDEX = re.compile(r"\[(\d+)\]")
 
 
 class ErrorInfo(TypedDict):
@@ -261,8 +262,18 @@ def api_error(exc: BaseException) -> APIError:
     if isinstance(exc, msgspec.DecodeError):  # ValidationError included
         message = str(exc)
         m = _PATH.search(message)
-        return InvalidJSONError(message, (m.group(1) or None) if m else None)
+        if m is not None:
+            return InvalidJSONError(message, _body_param(m.group(1)))
+        # A document that is no request object at all: vLLM's "body" (bad JSON names none).
+        valid_json = isinstance(exc, msgspec.ValidationError)
+        return InvalidJSONError(message, "body" if valid_json else None)
     return InternalServerError(f"Internal error: {type(exc).__name__}: {exc}")
+
+
+def _body_param(path: str) -> str:
+    """msgspec's path of a field (``messages[0].role``) as vLLM names it for a request that
+    fails validation (``body.messages.0.role``; the body itself: ``body``)."""
+    return "body" + ("." + _INDEX.sub(r".\1", path) if path else "")
 
 
 def error_body(exc: BaseException) -> ErrorBody:

@@ -93,6 +93,7 @@ def _error(out: dict[str, Any], prefix: str, err: Any, case: Case) -> None:
     out[f"{prefix}.code"] = err.get("code")
     if case.compare_message:
         out[f"{prefix}.message"] = err.get("message")
+        out[f"{prefix}.param"] = err.get("param")
 
 
 def _clean(value: Any, case: Case, top: bool = False) -> Any:

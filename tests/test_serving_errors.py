@@ -126,7 +126,7 @@ def test_one_error_object_for_response_event_and_collected_body(exc: BaseExcepti
 
 def test_what_the_answer_says_beyond_the_body() -> None:
     assert error_body(_decode_error())["error"]["type"] == "Bad Request"
-    assert error_body(_decode_error())["error"]["param"] == "messages[0].role"
+    assert error_body(_decode_error())["error"]["param"] == "body.messages.0.role"
     assert error_body(RuntimeError("x"))["error"] == {
         "message": "Internal error: RuntimeError: x", "type": "InternalServerError",
         "param": None, "code": 500}
