@@ -171,6 +171,11 @@ def test_beam_search(http: httpx.Client) -> None:
              for e in events if e["choices"][0].get("finish_reason")}
     assert texts == {c["index"]: c["message"]["content"] for c in body["choices"]}
     assert _cmpl(http, use_beam_search=True, stream=True).status_code == 400
+    # Each step asks 2 x width logprobs of an engine: within --max-logprobs (20), as vLLM.
+    wide = _chat(http, use_beam_search=True, n=11, max_tokens=2)
+    assert wide.status_code == 400 and wide.json()["error"]["message"].startswith(
+        "Requested sample logprobs of 22, which is greater than max allowed: 20")
+    assert _events(_chat(http, use_beam_search=True, n=11, stream=True)) == [wide.json()]
 
 
 def test_an_engine_refusal_leaves_no_predicted_blocks() -> None:

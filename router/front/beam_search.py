@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from render.errors import InputProcessorError, vllm_message
 from render.protocol import GenerateRequest
 from render.request_checks import refuse
+from render.sampling_checks import RequestLimits
 from router.front.state import RouterState
 from router.link.request_stream import RequestStream
 from serving.errors import EngineOutputError
@@ -59,11 +61,23 @@ class _Beam:
     stop_reason: int | None = None
 
 
-def check_beam(logprobs: bool) -> None:
-    """What the router's beam search does not give: logprobs (vLLM's are the beams' step
-    candidates, an answer shape of its own)."""
+def check_beam(logprobs: bool, width: int) -> None:
+    """What vLLM refuses of a beam search as it builds it, and what the router's does not
+    give: logprobs (vLLM's are the beams' step candidates, an answer shape of its own)."""
+    if width < 1:
+        raise refuse(f"beam_width must be at least 1, got {width}.")
     if logprobs:
         raise refuse("logprobs are not supported with beam search by kvroute.", "logprobs")
+
+
+def check_beam_steps(width: int, limits: RequestLimits) -> None:
+    """vLLM's input processor on a step request: its ``2 x width`` logprobs within
+    ``--max-logprobs`` (a stream's in-band error, as from vLLM)."""
+    wanted, cap = 2 * width, limits.max_logprobs
+    if cap != -1 and wanted > cap:
+        raise InputProcessorError(vllm_message(
+            f"Requested sample logprobs of {wanted}, which is greater than max allowed: {cap}",
+            "logprobs", wanted), "logprobs")
 
 
 async def beam_search(st: RouterState, gen: GenerateRequest, width: int, eos: int | None,
@@ -72,8 +86,6 @@ async def beam_search(st: RouterState, gen: GenerateRequest, width: int, eos: in
                       session: str | None = None) -> list[EngineCoreOutput]:
     """The ``width`` best continuations of ``gen``'s prompt, at most its ``max_tokens`` long,
     each as one finished engine output (finish STOP at EOS, else LENGTH)."""
-    if width < 1:
-        raise refuse(f"beam_width must be at least 1, got {width}.")
     sp = gen.sampling_params
     step_params = _step_params(sp, width, eos, generation_config)
     prompt = list(gen.token_ids)

@@ -35,7 +35,13 @@ from router.front.answer_spec import (
     session_id,
     usage_options,
 )
-from router.front.beam_search import BeamAnswer, BeamDecision, beam_search, check_beam
+from router.front.beam_search import (
+    BeamAnswer,
+    BeamDecision,
+    beam_search,
+    check_beam,
+    check_beam_steps,
+)
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.respond import EngineResponse, client_disconnected
 from router.front.state import RouterState, router_state
@@ -190,8 +196,9 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
     width = None
     if req.use_beam_search:  # rendered as one plain choice, grown into beams here
         check_chat(req)
-        check_beam(bool(req.logprobs))
-        width, req = req.n or 1, msgspec.structs.replace(req, use_beam_search=False, n=1)
+        width = req.n if req.n is not None else 1
+        check_beam(bool(req.logprobs), width)
+        req = msgspec.structs.replace(req, use_beam_search=False, n=1)
         body = msgspec.json.encode(req)
     try:
         if st.remote is not None:
@@ -199,6 +206,8 @@ async def open_chat(st: RouterState, receive: Receive, body: bytes, arrival: flo
         else:
             gen = await st.render.run(renderer, len(body), renderer.render_chat, req)
         _admit(st, renderer, gen)
+        if width is not None:
+            check_beam_steps(width, st.config.limits.request)
     except InputProcessorError as exc:
         if req.stream:
             return RefusedStream(exc)
@@ -247,8 +256,9 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
     width = None
     if req.use_beam_search:  # rendered as one plain choice per prompt, grown into beams here
         check_completion(req)
-        check_beam(req.logprobs is not None)
-        width, req = req.n or 1, msgspec.structs.replace(req, use_beam_search=False, n=1)
+        width = req.n if req.n is not None else 1
+        check_beam(req.logprobs is not None, width)
+        req = msgspec.structs.replace(req, use_beam_search=False, n=1)
         body = msgspec.json.encode(req)
     try:
         if st.remote is not None:
@@ -257,6 +267,8 @@ async def open_completion(st: RouterState, receive: Receive, body: bytes, arriva
             gens = await st.render.run(renderer, len(body), renderer.render_completion, req)
         for gen in gens:
             _admit(st, renderer, gen)
+        if width is not None:
+            check_beam_steps(width, st.config.limits.request)
     except InputProcessorError as exc:
         if req.stream:
             return RefusedStream(exc)
