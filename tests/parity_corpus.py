@@ -184,9 +184,8 @@ def _chat_cases() -> list[Case]:
     c += both(chat("chat.unknown_field", foo={"bar": 1}))
     c += both(chat("chat.n_usage", n=2, temperature=0.5, seed=4),
               stream_options={"include_usage": True})
-    c += both(chat("chat.n_echo", n=2, temperature=0.5, seed=4, echo=True,
-                   messages=[*HELLO, {"role": "assistant", "content": "Sure"}],
-                   add_generation_prompt=False, continue_final_message=True))
+    # No chat echo with n > 1: a chat echo asks prompt logprobs (vLLM's rule), and a vLLM 0.32
+    # CPU engine with LoRA on dies of prompt logprobs in a batch of several requests.
     c += both(chat("chat.user_role_answer", add_generation_prompt=False, echo=True))
     c += both(chat("chat.stop_logprobs", stop="-fr", logprobs=True, top_logprobs=1,
                    max_tokens=12))
