@@ -11,7 +11,7 @@ per choice the concatenated content, reasoning, token ids, logprobs, tool calls,
 reason; the chunk kinds in order (role, finish, usage, error: content chunks before the finish
 are left out, since vLLM merges outputs that queue and how many there are, if any, varies);
 each kind's key layout (a content chunk's when both sides sent one); and the final usage. A
-case with ``compare_chunks`` also compares each chunk's token ids.
+case with ``compare_chunks`` also compares how its chunks hold its tokens (``stream_interval``).
 """
 
 from __future__ import annotations
@@ -173,6 +173,9 @@ def _stream(out: dict[str, Any], case: Case, events: list[Any]) -> None:
             _fold(acc.setdefault(i, {}), choice, chunk, case.compare_chunks)
     for i in sorted(kinds):
         out[f"stream.kinds[{i}]"] = _runs(_without_early_content(kinds[i]))
+        sizes = acc[i].pop("chunk_sizes", None)
+        if sizes is not None and case.body is not None:
+            out[f"stream.choices[{i}].interval"] = _interval(sizes, case.body["stream_interval"])
         for key, value in sorted(acc[i].items()):
             out[f"stream.choices[{i}].{key}"] = value
     out["stream.tail"] = _runs(tail)
@@ -210,7 +213,14 @@ def _fold(acc: dict[str, Any], choice: dict[str, Any], chunk: dict[str, Any],
     if chunk.get("usage") is not None:  # continuous usage: the choice's last count
         acc["usage_last"] = _clean(chunk["usage"], Case("", "", None))
     if chunks:
-        acc.setdefault("chunk_token_ids", []).append(choice.get("token_ids"))
+        if choice.get("token_ids"):
+            acc.setdefault("chunk_sizes", []).append(len(choice["token_ids"]))
+
+
+def _interval(sizes: list[int], interval: int) -> tuple[int, bool]:
+    """``stream_interval`` as chunks show it: the first token alone, then at least ``interval``
+    tokens a chunk until the last (vLLM merges outputs that queue: a chunk may hold more)."""
+    return sizes[0], all(size >= interval for size in sizes[1:-1])
 
 
 def _without_early_content(kinds: list[str]) -> list[str]:

@@ -50,7 +50,7 @@ class Case:
     # vLLM's error message is compared where it is ours to match (not pydantic's wording).
     compare_message: bool = True
     method: str = "POST"
-    # Compare each chunk's token ids (stream_interval decides them).
+    # Compare how the stream's chunks hold its tokens (stream_interval decides it).
     compare_chunks: bool = False
     # Paths set aside (list indexes folded: ``data[].created``): timestamps and random ids
     # inside a body.
