@@ -94,7 +94,6 @@ def _admit(st: RouterState, renderer: Renderer, gen: GenerateRequest, where: str
                        limits=st.config.limits.request, reasoning=False)
 
 
-
 def _target(st: RouterState, model: str | None) -> tuple[Renderer, LoRARequest | None]:
     """The renderer a request's ``model`` names and its LoRA adapter, if it names one (then
     the renderer is the adapter's base model's, as vLLM renders adapter requests)."""
