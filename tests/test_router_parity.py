@@ -14,7 +14,10 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from radix import namespace_for
+from render.protocol import ChatCompletionRequest
 from router.config import Frontend
+from router.front.answer_spec import check_json, header_priority, session_id
+from serving.errors import InvalidJSONError
 
 SIM_CONTEXT = 256
 HI = [{"role": "user", "content": "Hello there, how are you?"}]
@@ -213,3 +216,23 @@ def test_usage_switches() -> None:
 def test_usage_has_no_details_by_default(http: httpx.Client) -> None:
     assert "prompt_tokens_details" not in _chat(http).json()["usage"]
     assert "usage" not in _events(_chat(http, stream=True))[-1]
+
+
+def test_what_vllm_reads_from_headers() -> None:
+    """The session id the engine requests carry: the request's, else x-session-id, else
+    vllm_xargs' (vLLM's order); x-vllm-priority an integer or nothing; a JSON content type
+    with or without its parameters."""
+    def req(**fields: Any) -> ChatCompletionRequest:
+        return ChatCompletionRequest(messages=[], **fields)
+
+    header = [(b"x-session-id", b"from-header")]
+    assert session_id(req(session_id="s1", vllm_xargs={"session_id": "x"}), header) == "s1"
+    assert session_id(req(vllm_xargs={"session_id": "x"}), header) == "from-header"
+    assert session_id(req(vllm_xargs={"session_id": "x"}), []) == "x"
+    assert session_id(req(vllm_xargs={"session_id": 5}), []) is None
+    assert header_priority([(b"x-vllm-priority", b"-3")]) == -3
+    assert header_priority([(b"x-vllm-priority", b"high")]) is None
+    check_json([(b"content-type", b"Application/JSON; charset=utf-8")])
+    for headers in ([], [(b"content-type", b"text/plain")], [(b"content-type", b"json")]):
+        with pytest.raises(InvalidJSONError):
+            check_json(headers)
