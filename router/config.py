@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from discovery.options import KINDS, SourceOptions
 from render.models import EMBEDDED_MODEL
 from render.sampling_checks import MAX_N, RequestLimits
 from render.service.lora_modules import LoRAModule, lora_modules
@@ -31,12 +33,17 @@ class ConfigError(ValueError):
     """A configuration the operator must fix; the message names the offending key."""
 
 
+HTTP_SCHEMES = ("http://", "https://")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """One headless engine: the handshake address the router binds and its KV-event endpoints."""
+    """One engine, of either transport: a headless engine's handshake address the router binds
+    (ZMQ), or the base URL of a `vllm serve` pod (HTTP, ``url``); and its KV-event endpoints
+    (for a pod, found through its ``/kv_event_sources`` unless given here)."""
 
     name: str
-    handshake: str  # tcp://HOST:PORT = the engine's --data-parallel-address : rpc-port
+    handshake: str = ""  # tcp://HOST:PORT = the engine's --data-parallel-address : rpc-port
     kv_events: str | None = None  # the engine's kv-events-config endpoint
     replay: str | None = None  # the engine's kv-events-config replay_endpoint
     topic: str = ""
@@ -47,10 +54,60 @@ class EngineSpec:
     # The host the engine is told to dial when those sockets bind a wildcard (a Service name in
     # Kubernetes); default loopback.
     advertise_host: str | None = None
-    # The engine's KV block size and context length, for engines re-adopted without a
-    # handshake (no ready map says them).
+    # The engine's KV block size, for engines re-adopted without a handshake (no ready map);
+    # a pod's is learned from its first KV event unless given.
     block_size: int | None = None
+    # Its context length, for an engine re-adopted without a handshake (no ready map says it).
     max_model_len: int | None = None
+    # http(s)://HOST:PORT of a `vllm serve --enable-scale-out` pod: an engine over HTTP.
+    url: str | None = None
+    # Other routers' input and output addresses for this ZMQ engine, handed to it in the
+    # handshake after this router's own (vLLM's multi-frontend lists, as --api-server-count
+    # fills them): the i-th pair is the router started with link.client_index = i + 1.
+    peer_inputs: tuple[str, ...] = ()
+    peer_outputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A ZMQ engine linked by a peer router (one the owner of its handshake lists) has no
+        # handshake of its own here: its fixed input and output addresses are enough.
+        peer_linked = not self.handshake and self.input is not None and self.output is not None
+        if bool(self.handshake or peer_linked) == bool(self.url):
+            raise ValueError(f"engine {self.name!r}: give either a handshake address (or, "
+                             "linked as a peer router, input and output) or a url")
+        if len(self.peer_inputs) != len(self.peer_outputs):
+            raise ValueError(f"engine {self.name!r}: peer_inputs and peer_outputs must pair up")
+        if self.url is not None:
+            if not self.url.startswith(HTTP_SCHEMES) or not self.url.split("://", 1)[1].strip("/"):
+                raise ValueError(f"engine {self.name!r}: url must be http://HOST:PORT or "
+                                 f"https://HOST:PORT, got {self.url!r}")
+            if self.peer_inputs:
+                raise ValueError(f"engine {self.name!r}: peer addresses are a ZMQ engine's; "
+                                 "an HTTP engine (url) has none")
+            for key in ("input", "output", "advertise_host"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"engine {self.name!r}: {key} is a ZMQ engine's setting; "
+                                     "an HTTP engine (url) has none")
+
+    @property
+    def is_http(self) -> bool:
+        return self.url is not None
+
+    @property
+    def address(self) -> str:
+        """Where the engine is reached: its URL, or the handshake address."""
+        return self.url or self.handshake
+
+    @property
+    def kv_host(self) -> str:
+        """The host to dial when the engine's KV publisher binds a wildcard: the pod's host or
+        the handshake's, else loopback."""
+        if self.url is not None:
+            host = urlsplit(self.url).hostname or ""
+        elif self.handshake.startswith("tcp://"):
+            host = self.handshake[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+        else:
+            host = ""
+        return host if host not in ("", "*", "0.0.0.0", "::") else "127.0.0.1"
 
     @property
     def input_address(self) -> str:
@@ -164,8 +221,33 @@ class LinkConfig:
     allowed_peers: tuple[str, ...] | None = None
     max_output_msg_bytes: int = 256 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the output sockets
     max_kv_msg_bytes: int = 64 * 1024 * 1024  # ZMQ_MAXMSGSIZE of the KV-event sockets
+    # HTTP engines (`url`): seconds to open a connection; to the response head of a request
+    # (a pod sends it before the first token); a pooled keep-alive connection is dropped after
+    # this long idle (below vLLM's 5 s --timeout-keep-alive, so the pod never closes one we are
+    # about to reuse).
+    http_connect_timeout: float = 5.0
+    http_first_byte_timeout: float = 30.0
+    http_pool_idle: float = 4.0
+    # A pod's /health is probed this often; its /metrics (running and waiting requests)
+    # scraped this often, and a count older than http_load_max_age is not used for routing.
+    http_health_interval: float = 1.0
+    http_load_interval: float = 0.5
+    http_load_max_age: float = 2.0
+    # The key pods started with `vllm serve --api-key` require (from --engine-api-key-file or
+    # KVROUTE_ENGINE_API_KEY); kept out of the repr (logs).
+    engine_api_key: str | None = field(default=None, repr=False)
+    # This router's place in its ZMQ engines' frontend lists: 0 for the router that owns their
+    # handshakes; i for the router the owner lists as its engines' i-th peer (EngineSpec
+    # peer_inputs / peer_outputs), which never handshakes and adopts the engines by probe.
+    client_index: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.client_index < 1 << 16:
+            raise ValueError(f"client_index must be in [0, 65536), got {self.client_index}")
+        for name in ("http_connect_timeout", "http_first_byte_timeout", "http_pool_idle",
+                     "http_health_interval", "http_load_interval", "http_load_max_age"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for peer in self.allowed_peers or ():
             try:
                 ipaddress.ip_address(peer)
@@ -188,6 +270,24 @@ class Frontend:
 
 
 @dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """``[discovery]``: engines found by a source (discovery/) join the fleet at run time; those
+    that leave (deleted, not ready, moved) are drained, then removed (docs/operations.md)."""
+
+    source: SourceOptions
+    # A leaving engine's running requests get this long to finish; what is left is cut.
+    drain_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.drain_timeout < 0:
+            raise ValueError(f"drain_timeout must be 0 or more, got {self.drain_timeout}")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k, cls in KINDS.items() if isinstance(self.source, cls))
+
+
+@dataclass(frozen=True, slots=True)
 class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -206,6 +306,7 @@ class RouterConfig:
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
     frontend: Frontend = field(default_factory=Frontend)
+    discovery: DiscoveryConfig | None = None
     log_json: bool = True
     log_level: str = "INFO"
     # The HTTP server, one of serving.server.SERVERS, run stock.
@@ -286,6 +387,14 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
     for i, engine in enumerate(engines):
         if not isinstance(engine, dict):
             raise ConfigError(f"engines[{i}]: expected a table")
+        engine = dict(engine)
+        for key in ("peer_inputs", "peer_outputs"):
+            if key in engine:
+                value = engine[key]
+                if not isinstance(value, list | tuple) or not all(isinstance(v, str)
+                                                                  for v in value):
+                    raise ConfigError(f"engines[{i}]: {key} must be a list of addresses")
+                engine[key] = tuple(value)
         specs.append(_build(EngineSpec, {"name": f"engine-{i}", **engine}, f"engines[{i}]"))
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
@@ -317,13 +426,39 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
     structured = _build(StructuredOutputsConfig, data.pop("structured_outputs", {}),
                         "structured_outputs")
     frontend = _build(Frontend, data.pop("frontend", {}), "frontend")
+    discovery = _discovery(data.pop("discovery", None))
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
          "control": control, "streams": streams, "link": link, "lora_modules": adapters,
-         "structured_outputs": structured, "frontend": frontend},
+         "structured_outputs": structured, "discovery": discovery, "frontend": frontend},
         "top level",
     )
+
+
+def _discovery(table: Any) -> DiscoveryConfig | None:
+    """``[discovery]``: ``kind`` picks the source, ``drain_timeout`` is the router's, every
+    other key is the source's (discovery/options.py)."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ConfigError("discovery: expected a table")
+    data = dict(table)
+    kind = data.pop("kind", None)
+    if kind not in KINDS:
+        raise ConfigError(f"discovery: kind must be one of {sorted(KINDS)}, got {kind!r}")
+    where = f"discovery ({kind})"
+    router_keys = {k: data.pop(k) for k in ("drain_timeout",) if k in data}
+    for key in ("urls", "nameservers"):
+        if key in data:
+            if not isinstance(data[key], list | tuple) or not all(
+                    isinstance(v, str) for v in data[key]):
+                raise ConfigError(f"{where}: {key} must be a list of strings")
+            data[key] = tuple(data[key])
+    if isinstance(data.get("port"), str) and data["port"].isdigit():
+        data["port"] = int(data["port"])
+    source = _build(KINDS[kind], data, where)
+    return _build(DiscoveryConfig, {"source": source, **router_keys}, "discovery")  # type: ignore[no-any-return]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -375,9 +510,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         action="append",
         default=[],
-        metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT]",
-        help="a headless engine's handshake address, bound by the router (repeatable)",
+        metavar="NAME=tcp://HOST:PORT[,kv=ENDPOINT][,replay=ENDPOINT] | NAME=http://HOST:PORT",
+        help="a headless engine's handshake address, bound by the router, or the URL of a "
+             "`vllm serve --enable-scale-out` pod, reached over HTTP (repeatable; both kinds "
+             "mix)",
     )
+    engines.add_argument("--client-index", type=int,
+                         help="this router's place in its ZMQ engines' frontend lists: 0 (the "
+                              "default) owns their handshakes; i >= 1 is the i-th peer router "
+                              "the owner lists (--engine NAME=peer,input=ADDR,output=ADDR,"
+                              "block_size=N here; peer_input=/peer_output= on the owner)")
+    engines.add_argument("--engine-api-key-file",
+                         help="file holding the key HTTP engines (`vllm serve --api-key`) "
+                              "require (or env KVROUTE_ENGINE_API_KEY)")
+    found = parser.add_argument_group("discovery (engines found at run time)")
+    found.add_argument("--discovery", choices=sorted(KINDS),
+                       help="find engines (`vllm serve` pods) with this source; the rest of "
+                            "[discovery] in the config file, or the flags below")
+    found.add_argument("--discovery-selector", metavar="SELECTOR",
+                       help="kubernetes: the pods' label selector, e.g. app=vllm")
+    found.add_argument("--discovery-namespace", metavar="NS",
+                       help="kubernetes: the pods' namespace (default: the router's own)")
+    found.add_argument("--discovery-port", metavar="PORT",
+                       help="kubernetes: a container port name or number; dns: a number (A/AAAA "
+                            "records) or the Service's port name (SRV records)")
+    found.add_argument("--discovery-name", metavar="NAME",
+                       help="dns: the (headless) Service's DNS name")
+    found.add_argument("--discovery-url", action="append", default=[], metavar="[NAME=]URL",
+                       help="static: an engine's base URL (repeatable)")
+    found.add_argument("--kubeconfig", metavar="FILE",
+                       help="kubernetes: a kubeconfig file (default: the in-cluster account)")
     routing = parser.add_argument_group("routing")
     routing.add_argument("--policy", choices=POLICIES, help="default cache_aware")
     routing.add_argument("--load-weight", type=float)
@@ -416,18 +578,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
-    """``name=tcp://h:p,kv=tcp://h:p2,replay=tcp://h:p3`` (name optional)."""
+    """``name=tcp://h:p,kv=tcp://h:p2,replay=tcp://h:p3`` or ``name=http://h:p`` (name
+    optional)."""
     head, *opts = value.split(",")
     name, sep, address = head.partition("=")
-    spec: dict[str, Any] = {"name": name, "handshake": address} if sep and "://" not in name else {
-        "name": f"engine-{index}", "handshake": head}
+    if not sep or "://" in name:
+        name, address = f"engine-{index}", head
+    if address == "peer":  # NAME=peer,input=...,output=...: linked by another router's handshake
+        address = ""
+    key = "url" if address.startswith(HTTP_SCHEMES) else "handshake"
+    spec: dict[str, Any] = {"name": name, key: address} if address else {"name": name}
     for opt in opts:
         key, sep, val = opt.partition("=")
         if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
-                                  "max_model_len"):
+                                  "max_model_len", "peer_input", "peer_output"):
             raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
-                              "output=, block_size=, max_model_len=")
-        if key in ("block_size", "max_model_len"):
+                              "output=, block_size=, max_model_len=, peer_input=, peer_output=")
+        if key in ("peer_input", "peer_output"):
+            spec[key + "s"] = (*spec.get(key + "s", ()), val)
+        elif key in ("block_size", "max_model_len"):
             if not val.isdigit():
                 raise ConfigError(f"--engine {value!r}: {key} must be an integer")
             spec[key] = int(val)
@@ -438,6 +607,7 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
 
 API_KEY_ENV = "KVROUTE_API_KEY"
 ADMIN_KEY_ENV = "KVROUTE_ADMIN_KEY"
+ENGINE_KEY_ENV = "KVROUTE_ENGINE_API_KEY"
 
 
 def env_flag(env: Mapping[str, str], var: str) -> bool | None:
@@ -488,6 +658,11 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     if args.max_engines is not None:
         control["max_engines"] = args.max_engines
     data["control"] = control
+    engine_key = _key(args.engine_api_key_file, env, ENGINE_KEY_ENV, "engine API key")
+    if engine_key is not None:
+        data["link"] = {**data.get("link", {}), "engine_api_key": engine_key}
+    if args.client_index is not None:
+        data["link"] = {**data.get("link", {}), "client_index": args.client_index}
     for key in ("host", "port", "model", "revision", "served_model_name", "tokenizer",
                 "chat_template",
                 "max_model_len", "render_url", "log_level",
@@ -511,6 +686,9 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, flag) is not None:
             policy[key] = getattr(args, flag)
     data["policy"] = policy
+    discovery = _discovery_flags(args, data.get("discovery"))
+    if discovery is not None:
+        data["discovery"] = discovery
     limits = dict(data.get("limits", {}))
     for key in ("max_in_flight_per_engine", "max_queue", "max_body_bytes", "max_n",
                 "max_logprobs", "max_stop_strings", "max_stop_bytes", "max_output_entries"):
@@ -536,3 +714,21 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if args.config:
             raise ConfigError(f"config file {args.config}: {exc}") from None
         raise
+
+
+def _discovery_flags(args: argparse.Namespace, table: Any) -> dict[str, Any] | None:
+    """``[discovery]`` with the discovery flags applied over it (a ``--discovery`` of another
+    kind starts from an empty table)."""
+    flags = {"selector": args.discovery_selector, "namespace": args.discovery_namespace,
+             "port": args.discovery_port, "name": args.discovery_name,
+             "kubeconfig": args.kubeconfig, "urls": args.discovery_url or None}
+    given = {k: v for k, v in flags.items() if v is not None}
+    if table is None and args.discovery is None:
+        if given:
+            raise ConfigError(f"--discovery-* and --kubeconfig need --discovery or a "
+                              f"[discovery] table (given: {', '.join(sorted(given))})")
+        return None
+    data = dict(table) if isinstance(table, dict) else {}
+    if args.discovery is not None and data.get("kind") != args.discovery:
+        data = {"kind": args.discovery}
+    return {**data, **given}

@@ -17,7 +17,6 @@ from starlette.applications import Starlette
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
 from router.front.app import create_app
 from router.front.state import RouterState
-from router.link.engine_state import EngineState
 from router.obs import logs
 from serving.server import ServeOptions, bind_socket, serve_asgi
 
@@ -54,16 +53,21 @@ def banner(cfg: RouterConfig, url: str, live: RouterState) -> str:
     lines = [f"kvroute router: serving {models} on {url} (policy {cfg.policy.name}, "
              f"max_model_len {context}, {render}, {cfg.http_server})"]
     for name, eng in live.client.engines.items():
-        lines.append(f"  engine {name}: handshake {eng.handshake_endpoint} ({_transport(eng)}; "
-                     "the engine dials it)")
+        address = live.client.endpoint(name)
+        if eng.spec.is_http:
+            lines.append(f"  engine {name}: {address} (HTTP, vLLM's token-in API)")
+        else:
+            lines.append(f"  engine {name}: handshake {address} ({_transport(address)}; "
+                         "the engine dials it)")
     if not live.client.engines:
-        lines.append("  no engines yet: add --engine NAME=tcp://HOST:PORT, or POST /admin/engines")
+        lines.append("  no engines yet: add --engine NAME=tcp://HOST:PORT or NAME=http://HOST:PORT,"
+                     " or POST /admin/engines")
     lines.append(f"  OpenAI API {url}/v1, probes {url}/health {url}/ready, metrics {url}/metrics")
     return "\n".join(lines)
 
 
-def _transport(eng: EngineState) -> str:
-    scheme = str(eng.handshake_endpoint).split("://", 1)[0]
+def _transport(address: str) -> str:
+    scheme = address.split("://", 1)[0]
     return {"tcp": "ZMQ over TCP", "ipc": "ZMQ over a Unix socket"}.get(scheme, f"ZMQ {scheme}")
 
 

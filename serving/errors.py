@@ -12,6 +12,7 @@
      │    └── ModelNotFoundError                                unknown `model` (param "model")
      ├── BodyTooLarge             413 Request Entity Too Large  body over the limit
      ├── ClientGoneError          499 (no body)                 the client left before its answer
+     ├── EngineRefusedError       the engine's 4xx              an HTTP engine refused the input
      ├── OverloadedError          429 RateLimitError            the router's queue is full
      │                            503 ServiceUnavailable        no slot in time / no engine
      ├── ServiceUnavailableError  503 ServiceUnavailable        (retry-after: 1)
@@ -184,6 +185,12 @@ class ClientGoneError(APIError):
 
     def __init__(self, message: str = "The client disconnected.") -> None:
         super().__init__(499, message, "ClientClosedRequest")
+
+
+class EngineRefusedError(APIError):
+    """An HTTP engine (a `vllm serve` pod) refused the request as the client's error: its 4xx
+    status, error type, message and parameter go to the client as they came; never retried on
+    another engine (it would refuse the same input)."""
 
 
 class OverloadedError(APIError):

@@ -45,10 +45,26 @@ class KVEventsConfig(msgspec.Struct, omit_defaults=False, gc=False):
 
 
 @dataclass(frozen=True)
-class SimConfig:
-    """Everything a SimEngine needs; ``tokens`` may be shared by engines in one process."""
+class HttpFaceConfig:
+    """The engine's HTTP face, as `vllm serve --enable-scale-out` is started."""
 
-    handshake_address: str
+    model_dir: Path  # tokenizer and chat template for /v1/* and detokenized output
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (printed once listening)
+    # vLLM's --enable-prompt-tokens-details: usage reports the prompt's cached tokens.
+    enable_prompt_tokens_details: bool = False
+    # vLLM's --timeout-keep-alive (uvicorn's default there: 5 s).
+    keep_alive_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything a SimEngine needs; ``tokens`` may be shared by engines in one process.
+
+    ``handshake_address`` None: no ZMQ frontend (an engine behind its HTTP face only)."""
+
+    handshake_address: str | None
     tokens: TokenTable
     data_parallel_rank: int = 0
     block_size: int = 16
@@ -77,6 +93,8 @@ class SimConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # The HTTP face (sim/http/): `vllm serve`'s endpoints on this port (None: no face).
+    http: HttpFaceConfig | None = None
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
@@ -136,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fe = p.add_argument_group("frontend (the router's handshake, as vllm serve --headless)")
     fe.add_argument("--data-parallel-address", default="127.0.0.1")
-    fe.add_argument("--data-parallel-rpc-port", type=int, default=13345)
+    fe.add_argument("--data-parallel-rpc-port", type=int, default=None,
+                    help="default 13345 (with --port alone: no ZMQ frontend)")
     fe.add_argument("--handshake-address", help="full zmq URL; overrides address and port")
     fe.add_argument("--data-parallel-rank", type=int, default=0)
     fe.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
@@ -144,6 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exit when the frontend has been disconnected this many seconds "
                          "(0: wait for it forever)")
     fe.add_argument("--headless", action="store_true", help="accepted for vllm serve parity")
+    http = p.add_argument_group("HTTP face (as `vllm serve --enable-scale-out`: /inference/v1/"
+                                "generate, /v1/completions, /v1/chat/completions, /metrics, ...)")
+    http.add_argument("--port", type=int, default=None,
+                      help="serve the HTTP face on this port (0: any free one; printed); "
+                           "without --data-parallel-rpc-port or --handshake-address the engine "
+                           "has no ZMQ frontend")
+    http.add_argument("--host", default="127.0.0.1", help="the HTTP face's address")
+    http.add_argument("--served-model-name", help="the model name the face answers to")
+    http.add_argument("--enable-prompt-tokens-details", action="store_true",
+                      help="usage reports the prompt's cached tokens (as vllm serve's flag)")
+    http.add_argument("--timeout-keep-alive", type=float, default=5.0,
+                      help="seconds an idle keep-alive connection stays open (vLLM's default 5)")
     model = p.add_argument_group("model and output")
     model.add_argument(
         "--model",
@@ -197,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
     max_model_len = ns.max_model_len
+    http: HttpFaceConfig | None = None
     if ns.vocab_size is not None:
         eos = tuple(ns.eos_token_id or ())
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
@@ -205,6 +237,10 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         from render.hub import resolve_model
 
         model = resolve_model(ns.model, ns.revision) if ns.model else EMBEDDED_MODEL
+        if ns.port is not None:
+            http = HttpFaceConfig(model, ns.served_model_name or ns.model or model.name,
+                                  ns.host, ns.port, ns.enable_prompt_tokens_details,
+                                  ns.timeout_keep_alive)
         tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))
@@ -215,9 +251,13 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         if ns.kv_events_config
         else KVEventsConfig()
     )
-    address = (
-        ns.handshake_address or f"tcp://{ns.data_parallel_address}:{ns.data_parallel_rpc_port}"
-    )
+    if ns.port is not None and ns.vocab_size is not None:
+        raise ValueError("the HTTP face (--port) needs a tokenizer: give --model, not "
+                         "--vocab-size")
+    address: str | None = ns.handshake_address or None
+    if address is None and (ns.port is None or ns.data_parallel_rpc_port is not None
+                            or ns.headless):
+        address = f"tcp://{ns.data_parallel_address}:{ns.data_parallel_rpc_port or 13345}"
     return SimConfig(
         handshake_address=address,
         tokens=tokens,
@@ -241,4 +281,5 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         max_loras=ns.max_loras,
         max_lora_rank=ns.max_lora_rank,
         max_cpu_loras=ns.max_cpu_loras,
+        http=http,
     )

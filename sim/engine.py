@@ -16,6 +16,8 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -61,6 +63,23 @@ log = logging.getLogger(__name__)
 # Bound the input drained between two step checks, so a flood of requests cannot stall a step.
 _MAX_DRAIN = 4096
 LORA_UTILITIES = frozenset({"add_lora", "remove_lora", "pin_lora", "list_loras"})
+# The client_index of requests from the engine's own HTTP face (sim/http/): its outputs go to
+# the face's inproc socket, not to a handshaken frontend's.
+FACE_CLIENT = 0xFFFF
+
+
+@dataclass
+class EngineTotals:
+    """What the HTTP face's /metrics reports, kept by the engine thread after every step
+    (plain numbers: the face's thread reads them as they are)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
 
 
 class OutputEncoder:
@@ -101,11 +120,34 @@ class SimEngine:
         self._wake_tx = self._ctx.socket(zmq.PAIR)
         self._wake_tx.connect(wake)
         self._stop_lock = threading.Lock()
+        self.totals = EngineTotals()
+        # The HTTP face's two inproc sockets (it connects its own to these addresses).
+        self.face_input = f"inproc://sim-face-in-{id(self):x}"
+        self.face_output = f"inproc://sim-face-out-{id(self):x}"
+        # Run first when the engine closes, while its context still lives (the HTTP face
+        # stops its server and closes its sockets of this context there).
+        self.on_close: list[Callable[[], None]] = []
+        self._face_in: zmq.Socket[bytes] | None = None
+        self._face_out: zmq.Socket[bytes] | None = None
+        if config.http is not None:
+            self._face_in = self._ctx.socket(zmq.PULL)
+            self._face_out = self._ctx.socket(zmq.PUSH)
+            for sock, address in ((self._face_in, self.face_input),
+                                  (self._face_out, self.face_output)):
+                sock.setsockopt(zmq.SNDHWM, 0)
+                sock.setsockopt(zmq.RCVHWM, 0)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.bind(address)
         self._stopped = False
         self._monitor: zmq.Socket[bytes] | None = None
         self._req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest, ext_hook=ext_hook)
         self._decoder = msgspec.msgpack.Decoder(ext_hook=ext_hook)
         self._encoder = OutputEncoder()
+
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The engine's ZMQ context (its HTTP face's inproc sockets must share it)."""
+        return self._ctx
 
     def release(self) -> None:
         """Close every socket of the engine's context if ``run`` did not (it was never entered,
@@ -134,22 +176,13 @@ class SimEngine:
     def run(self) -> None:
         io: EngineSockets | None = None
         try:
-            hs = connect_handshake(self._ctx, self.config)
-            try:
-                addresses = receive_addresses(hs, self.config.handshake_timeout, self._wake_rx)
-                if addresses is None:
+            if self.config.handshake_address is None:
+                self._start_kv_publisher()  # behind the HTTP face only: no frontend to wait for
+                io = EngineSockets([], [])
+            else:
+                io = self._handshake()
+                if io is None:
                     return
-                kv = self.config.kv_events
-                if kv.enable_kv_cache_events and kv.publisher == "zmq":
-                    self.kv_publisher = KVEventPublisher(
-                        self._ctx, kv, self.config.data_parallel_rank
-                    )
-                io = connect_io(self._ctx, self.config, addresses)
-                complete_handshake(
-                    hs, io, self.config, self.kv_publisher.config if self.kv_publisher else None
-                )
-            finally:
-                hs.close(linger=0)
             self.ready.set()
             log.info(
                 "ready: rank %d serving the frontend at %s (max_model_len "
@@ -175,7 +208,34 @@ class SimEngine:
         finally:
             self._close(io)
 
+    def _start_kv_publisher(self) -> None:
+        kv = self.config.kv_events
+        if kv.enable_kv_cache_events and kv.publisher == "zmq":
+            self.kv_publisher = KVEventPublisher(self._ctx, kv, self.config.data_parallel_rank)
+
+    def _handshake(self) -> EngineSockets | None:
+        """vLLM's headless handshake with the frontend; None if stopped while waiting."""
+        assert self.config.handshake_address is not None
+        hs = connect_handshake(self._ctx, self.config)
+        try:
+            addresses = receive_addresses(hs, self.config.handshake_timeout, self._wake_rx)
+            if addresses is None:
+                return None
+            self._start_kv_publisher()
+            io = connect_io(self._ctx, self.config, addresses)
+            complete_handshake(
+                hs, io, self.config, self.kv_publisher.config if self.kv_publisher else None
+            )
+            return io
+        finally:
+            hs.close(linger=0)
+
     def _close(self, io: EngineSockets | None) -> None:
+        for callback in self.on_close:
+            try:
+                callback()
+            except Exception:
+                log.exception("a close callback failed")
         if self._monitor is not None:
             assert io is not None
             io.inputs[0].disable_monitor()
@@ -189,6 +249,9 @@ class SimEngine:
                 s.close(linger=None if self.error is not None else 200)
         if self.kv_publisher is not None:
             self.kv_publisher.close()
+        for sock in (self._face_in, self._face_out):
+            if sock is not None:
+                sock.close(linger=0)
         self._wake_rx.close(linger=0)
         with self._stop_lock:
             self._stopped = True
@@ -203,6 +266,8 @@ class SimEngine:
         for s in io.inputs:
             poller.register(s, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        if self._face_in is not None:
+            poller.register(self._face_in, zmq.POLLIN)
         replay = self.kv_publisher.replay if self.kv_publisher else None
         if replay is not None:
             poller.register(replay, zmq.POLLIN)
@@ -247,6 +312,7 @@ class SimEngine:
             if plan is not None and time.monotonic() >= deadline:
                 outputs = sched.finish(plan)
                 plan = None
+                self._account(outputs)
                 events = sched.pool.take_events()
                 if events and self.kv_publisher is not None:
                     self.kv_publisher.publish(events)
@@ -265,13 +331,32 @@ class SimEngine:
                 gone_since = None
         return gone_since
 
+    def _account(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        totals, sched = self.totals, self.scheduler
+        totals.running, totals.waiting = len(sched.running), len(sched.waiting)
+        totals.kv_cache_usage = sched.pool.usage
+        for out in outputs.values():
+            for o in out.outputs:
+                totals.generation_tokens += len(o.new_token_ids)
+                if o.prefill_stats is not None:
+                    totals.prompt_tokens += int(o.prefill_stats.get("num_prompt_tokens", 0))
+            stats = out.scheduler_stats
+            prefix = stats.get("prefix_cache_stats") if isinstance(stats, dict) else None
+            if isinstance(prefix, dict):
+                totals.prefix_queries += int(prefix.get("queries", 0))
+                totals.prefix_hits += int(prefix.get("hits", 0))
+
     def _send(self, io: EngineSockets, client: int, outputs: EngineCoreOutputs) -> None:
         outputs.engine_index = self.config.data_parallel_rank
         if outputs.timestamp == 0.0:  # as vLLM's EngineCoreOutputs.__post_init__
             outputs.timestamp = time.monotonic()
-        if not 0 <= client < len(io.outputs):
-            log.warning("dropping outputs for unknown client_index %d", client)
+        if client == FACE_CLIENT and self._face_out is not None:
+            self._face_out.send_multipart(self._encoder.encode(outputs), copy=False)
             return
+        if not 0 <= client < len(io.outputs):
+            if outputs.outputs or outputs.utility_output is not None:
+                log.warning("dropping outputs for unknown client_index %d", client)
+            return  # a step's stats for a frontend that is not there (an HTTP-only engine)
         io.outputs[client].send_multipart(self._encoder.encode(outputs), copy=False)
 
     def _drain(self, sock: zmq.Socket[bytes], io: EngineSockets) -> None:

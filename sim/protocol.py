@@ -39,6 +39,8 @@ def _ready_status_payload() -> bytes:
 
 
 def connect_handshake(ctx: zmq.Context[zmq.Socket[bytes]], config: SimConfig) -> zmq.Socket[bytes]:
+    if config.handshake_address is None:
+        raise ValueError("the engine has no frontend handshake address")
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, config.identity)
     sock.setsockopt(zmq.LINGER, 5000)

@@ -67,6 +67,53 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
         assert parse(["--http-server", server]).http_server == server
 
 
+def test_http_engines_and_mixed_fleets(tmp_path: Path) -> None:
+    path = tmp_path / "router.toml"
+    path.write_text("""
+[link]
+http_load_interval = 0.25
+
+[[engines]]
+name = "pod-a"
+url = "http://10.0.0.5:8000"
+
+[[engines]]
+name = "headless"
+handshake = "tcp://0.0.0.0:13345"
+peer_inputs = ["tcp://10.0.0.9:15000"]
+peer_outputs = ["tcp://10.0.0.9:15001"]
+""")
+    cfg = parse(["--config", str(path)])
+    pod, headless = cfg.engines
+    assert pod.is_http and pod.url == "http://10.0.0.5:8000" and pod.kv_host == "10.0.0.5"
+    assert not headless.is_http and headless.peer_outputs == ("tcp://10.0.0.9:15001",)
+    assert cfg.link.http_load_interval == 0.25 and cfg.link.client_index == 0
+    flags = parse(["--engine", "p=https://pod.svc:8443,kv=tcp://pod.svc:5557",
+                   "--engine", "http://pod-b:8000",
+                   "--engine", "z=tcp://h:1,peer_input=tcp://p:2,peer_output=tcp://p:3",
+                   "--engine", "q=peer,input=tcp://0.0.0.0:5,output=tcp://0.0.0.0:6,block_size=16",
+                   "--client-index", "1"])
+    p, b, z, q = flags.engines
+    assert p.url == "https://pod.svc:8443" and p.kv_events == "tcp://pod.svc:5557"
+    assert b.name == "engine-1" and b.url == "http://pod-b:8000" and not b.handshake
+    assert z.peer_inputs == ("tcp://p:2",) and z.peer_outputs == ("tcp://p:3",)
+    assert q.handshake == "" and q.input_address == "tcp://0.0.0.0:5" and q.block_size == 16
+    assert flags.link.client_index == 1
+
+
+@pytest.mark.parametrize("engine, needle", [
+    ({"name": "a"}, "either a handshake address"),
+    ({"name": "a", "handshake": "tcp://h:1", "url": "http://h:2"}, "either"),
+    ({"name": "a", "url": "ftp://h:2"}, "url must be"),
+    ({"name": "a", "url": "http://h:2", "input": "tcp://h:3"}, "input is a ZMQ engine's"),
+    ({"name": "a", "handshake": "tcp://h:1", "peer_inputs": ["tcp://p:1"]}, "pair up"),
+    ({"name": "a", "handshake": "tcp://h:1", "peer_inputs": "tcp://p:1"}, "list of addresses"),
+])
+def test_engine_specs_that_are_refused(engine: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        from_mapping({"engines": [engine]})
+
+
 @pytest.mark.parametrize("data, needle", [
     ({"prot": 1}, "unknown key"),
     ({"policy": {"name": "fastest"}}, "unknown policy"),

@@ -25,10 +25,12 @@ if TYPE_CHECKING:
     from router.front.multi_prompt import RoutedGroup
     from router.front.render_client import RenderClient
     from router.kvfeed.kv_subscriber import KVSubscriber
-    from router.link.engine_client import EngineClient
+    from router.link.transport import EngineLinks
     from router.obs.metrics import RouterMetrics
     from router.routing.adapters import Adapters
+    from router.routing.discovered import Reconciler
     from router.routing.dispatch import Dispatcher, Routed
+    from router.routing.drain import Drains
     from router.routing.fleet import Fleet
 
 STATE_KEY = "kvroute.router"
@@ -69,11 +71,13 @@ class RouterState:
     render: RenderState  # the in-process render: models, limits, pool, codecs, metrics
     models: Models  # ``render.models``, read on every request
     remote: RenderClient | None  # set: render in the `kvroute render` service at --render-url
-    client: EngineClient
+    client: EngineLinks  # every engine, over ZMQ or HTTP
     kv: KVSubscriber
     index: PrefixIndex
     dispatcher: Dispatcher
     fleet: Fleet
+    drains: Drains  # drain-then-remove of engines (admin DELETE, discovery)
+    discovery: Reconciler | None  # engines found by [discovery], None without
     lifecycle: Lifecycle
     router_metrics: RouterMetrics
     decoders: dict[str, TokenDecoder]  # by served model name

@@ -218,7 +218,9 @@ class EngineClient:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
         try:
-            handshake.bind(spec.handshake)
+            # An engine linked as a peer router's has no handshake here (another router owns
+            # it): a private inproc address stands in, which nothing dials.
+            handshake.bind(spec.handshake or f"inproc://kvroute-no-handshake-{id(handshake):x}")
             inp.bind(spec.input_address)
             out.bind(spec.output_address)
         except zmq.ZMQError as e:
@@ -594,6 +596,12 @@ class EngineClient:
             eng.dropped_event.set()
             return
         ident, payload = frames
+        if (self.client_index and eng.status is EngineStatus.CONNECTING
+                and not eng.spec.handshake and ident == eng.identity):
+            # A peer router's engine sends its ready map to every frontend it was given; this
+            # router took no part in that handshake and adopts the engine by probe instead.
+            log.debug("engine %s: ready map as a peer router, ignored", eng.spec.name)
+            return
         if eng.status is not EngineStatus.HANDSHAKING or eng.ready is not None:
             self._refuse_input(eng, ident)
             return
@@ -653,9 +661,11 @@ class EngineClient:
             eng.ready_event.clear()
             # The new process's DEALER replaces the old one's connection, if that lingers.
             eng.input.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            meta = EngineHandshakeMetadata(
-                EngineZmqAddresses(inputs=[eng.input_endpoint], outputs=[eng.output_endpoint])
-            )
+            # This router's sockets first (client index 0), then the peer routers' (vLLM's
+            # multi-frontend lists): the engine connects to every one of them.
+            meta = EngineHandshakeMetadata(EngineZmqAddresses(
+                inputs=[eng.input_endpoint, *eng.spec.peer_inputs],
+                outputs=[eng.output_endpoint, *eng.spec.peer_outputs]))
             await eng.handshake.send_multipart((ident, msgspec.msgpack.encode(meta)))
         elif status.status == "READY":
             if eng.status is not EngineStatus.HANDSHAKING or ident != eng.hello_identity:

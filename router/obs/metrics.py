@@ -42,6 +42,23 @@ class _Snapshot(Collector):
             yield c
 
 
+class _Plain(Collector):
+    """Unlabelled gauges and counters from one snapshot callable, at scrape time."""
+
+    def __init__(self, read: Callable[[], dict[str, float]], gauges: dict[str, str],
+                 counters: dict[str, str]):
+        self._read = read
+        self._gauges = gauges
+        self._counters = counters
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        values = self._read()
+        for key, doc in self._gauges.items():
+            yield GaugeMetricFamily(f"kvroute_{key}", doc, value=values.get(key, 0.0))
+        for key, doc in self._counters.items():
+            yield CounterMetricFamily(f"kvroute_{key}", doc, value=values.get(key, 0.0))
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -116,6 +133,22 @@ class RouterMetrics:
             "kv_event_gaps": "Sequence gaps detected (each triggers a replay)",
             "kv_event_replays": "Replays requested",
             "kv_event_decode_errors": "Batches that failed to decode",
+        }))
+
+    def watch_discovery(self, read: Callable[[], dict[str, float]]) -> None:
+        """Engine discovery ([discovery]): what it found and did, read at scrape time."""
+        self.registry.register(_Plain(read, {
+            "discovery_endpoints": "Endpoints the discovery source reports now (ready or not)",
+            "discovery_ready_endpoints": "Of those, the ready ones",
+            "discovery_engines": "Discovered engines serving (joined, not draining)",
+            "discovery_draining": "Discovered engines draining before removal",
+            "discovery_held_back": "Ready endpoints waiting for room under max_engines",
+        }, {
+            "discovery_changes": "Engine-set changes the source reported",
+            "discovery_joins": "Discovered engines joined",
+            "discovery_drains": "Discovered engines drained (left, not ready, moved)",
+            "discovery_taken_back": "Drains cancelled: ready again at the same address",
+            "discovery_removals": "Discovered engines removed after their drain",
         }))
 
     def exposition(self) -> bytes:

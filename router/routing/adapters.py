@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from render.registry import ModelRegistry
 from render.service.lora_modules import LoRAModule
-from router.link.engine_client import EngineClient, EngineLinkError, UtilityCallError
+from router.link.engine_client import EngineLinkError, UtilityCallError
+from router.link.transport import EngineLinks
 from serving.errors import (
     APIError,
     InternalServerError,
@@ -70,7 +71,7 @@ class EngineAdapters:
 class Adapters:
     """The served adapters by name, and what each engine loaded (router/routing/adapters.py)."""
 
-    def __init__(self, client: EngineClient, registry: ModelRegistry,
+    def __init__(self, client: EngineLinks, registry: ModelRegistry,
                  utility_timeout: float = UTILITY_TIMEOUT) -> None:
         self.client = client
         self.registry = registry  # render's: each adapter's name is an alias of its base

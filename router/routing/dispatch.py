@@ -14,12 +14,14 @@ import msgspec
 
 from render.errors import BadRequestError
 from router.kvfeed.kv_subscriber import kv_namespace
-from router.link.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
+from router.link.engine_state import EngineStatus
+from router.link.request_stream import RequestStream
+from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
 from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
-from serving.errors import OverloadedError
+from serving.errors import APIError, EngineLinkError, OverloadedError
 from wire.engine import EngineCoreOutput, EngineCoreRequest, FinishReason, LoRARequest
 from wire.sampling import SamplingParams
 
@@ -63,7 +65,7 @@ class Routed:
 class Dispatcher:
     """Chooses the engine (policy over healthy engines with free slots), submits, retries once."""
 
-    def __init__(self, client: EngineClient, policy: Policy, admission: Admission,
+    def __init__(self, client: EngineLinks, policy: Policy, admission: Admission,
                  metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic,
                  adapters: Adapters | None = None) -> None:
         self.client = client
@@ -230,6 +232,10 @@ class Dispatcher:
             await self._withdraw(engine, share, [c.request_id for c in children], len(children))
             if not noted:
                 self._log_decision(request_id, decision, prompt_tokens, attempt)
+            raise
+        except APIError:
+            # An HTTP engine refused the request as the client's error (its 4xx): no retry.
+            await self._withdraw(engine, share, [c.request_id for c in children], len(children))
             raise
         for _ in children:
             self.admission.prefilled(engine, share)

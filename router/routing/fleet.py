@@ -4,30 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
 from radix import PrefixIndex
 from router.config import EngineSpec
 from router.kvfeed.kv_subscriber import KVEndpoints, KVSubscriber
-from router.link.engine_client import EngineClient, EngineStatus
+from router.link.engine_state import EngineStatus
+from router.link.transport import EngineLinks
 from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 
 log = logging.getLogger("kvroute.fleet")
 
 
-def _host(address: str) -> str:
-    if address.startswith("tcp://"):
-        host = address[len("tcp://"):].rsplit(":", 1)[0]
-        if host not in ("*", "0.0.0.0", "[::]", "::"):
-            return host.strip("[]")
-    return "127.0.0.1"
-
-
 class Fleet:
     """Keeps the prefix index and the KV subscriptions in step with the engines' health."""
 
-    def __init__(self, client: EngineClient, kv: KVSubscriber, index: PrefixIndex,
+    def __init__(self, client: EngineLinks, kv: KVSubscriber, index: PrefixIndex,
                  admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
                  max_model_len: int | None = None,
                  on_context: Callable[[int], None] | None = None,
@@ -52,14 +46,16 @@ class Fleet:
         # The client's connect count per attached engine: a rise while it stayed READY between two
         # polls is a process restart (an idle engine killed and restarted fast).
         self.connects: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # replays under way
 
     def join(self, spec: EngineSpec) -> str:
-        """Add an engine at run time; returns the handshake address to start it against."""
+        """Add an engine at run time; returns the handshake address to start it against (an
+        HTTP engine's URL)."""
         self.specs[spec.name] = spec
-        state = self.client.add_engine(spec)
-        log.info("engine joined",
-                 extra={"engine": spec.name, "handshake": state.handshake_endpoint})
-        return state.handshake_endpoint
+        self.client.add_engine(spec)
+        address = self.client.endpoint(spec.name)
+        log.info("engine joined", extra={"engine": spec.name, "address": address})
+        return address
 
     async def remove(self, name: str) -> None:
         """Unlink an engine for good: its sockets close, its blocks and KV feed go (requests
@@ -104,12 +100,16 @@ class Fleet:
             block_size = spec.block_size  # re-adopted: no ready map this time
         self.attached.add(name)
         self.connects[name] = eng.counters.connects
-        if block_size is not None:
+        # A pod's block size comes with its first KV event (the index learns it then).
+        if block_size is not None or (spec is not None and spec.is_http):
             self.index.add_engine(name, block_size)
             endpoints = self._kv_endpoints(name, spec, info.kv_events_config if info else None)
             if endpoints is not None and name not in self.subscribed:
                 self.kv.add_engine(endpoints)
                 self.subscribed.add(name)
+                # What the engine cached before we subscribed (a pod re-added, a router
+                # restarted) comes from its replay buffer now, not at its next event.
+                self._background(self._replay(name))
         if self.adapters is not None:
             self.adapters.engine_ready(name, info)
         engine_len = info.max_model_len if info is not None else None
@@ -170,7 +170,7 @@ class Fleet:
 
     def _kv_endpoints(self, name: str, spec: EngineSpec | None,
                       config: dict[str, object] | None) -> KVEndpoints | None:
-        host = _host(spec.handshake) if spec else "127.0.0.1"
+        host = spec.kv_host if spec else "127.0.0.1"
         if spec is not None and spec.kv_events:
             return KVEndpoints(engine=name, endpoint=spec.kv_events, replay_endpoint=spec.replay,
                                topic=spec.topic, host=host)
@@ -178,6 +178,20 @@ class Fleet:
                                                                            "zmq") == "zmq":
             return KVEndpoints.from_config(name, dict(config), host=host)
         return None
+
+    async def _replay(self, name: str) -> None:
+        try:
+            await self.kv.resync(name)
+        except KeyError:
+            pass  # removed meanwhile
+        except Exception:
+            log.warning("engine KV replay failed; its index fills from live events",
+                        extra={"engine": name}, exc_info=True)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def kv_snapshot(self) -> dict[str, dict[str, float]]:
         out = {}
