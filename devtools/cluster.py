@@ -28,6 +28,7 @@ from router.config import (
     Control,
     DiscoveryConfig,
     EngineSpec,
+    Frontend,
     Limits,
     LinkConfig,
     RouterConfig,
@@ -66,6 +67,9 @@ class ClusterOptions:
     # The router's context length when it must differ from the sims' (tests of an engine that
     # refuses what the router admits); None: the sims' own.
     router_max_model_len: int | None = None
+    # The router takes its context from the engines' ready responses (no --max-model-len).
+    context_from_engines: bool = False
+    frontend: Frontend = field(default_factory=Frontend)  # vLLM's answer switches
     # LoRA adapters served from the start (the sims need sim={"enable_lora": True}), and the
     # runtime load/unload endpoints.
     lora_modules: tuple[LoRAModule, ...] = ()
@@ -113,6 +117,8 @@ class LocalCluster:
         max_len = None if self.options.external else self.sim_options()["max_model_len"]
         if self.options.router_max_model_len is not None:
             max_len = self.options.router_max_model_len
+        if self.options.context_from_engines:
+            max_len = None
         control = self.options.control
         if control.ipc_dir is None:
             control = dataclasses.replace(control, ipc_dir=str(self.dir))
@@ -123,6 +129,7 @@ class LocalCluster:
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
                             link=self.options.link, discovery=self.options.discovery,
+                            frontend=self.options.frontend,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server,
                             lora_modules=self.options.lora_modules,

@@ -84,6 +84,8 @@ class EngineSpec:
     # The engine's KV block size, for engines re-adopted without a handshake (no ready map);
     # a pod's is learned from its first KV event unless given.
     block_size: int | None = None
+    # Its context length, for an engine re-adopted without a handshake (no ready map says it).
+    max_model_len: int | None = None
     # http(s)://HOST:PORT of a `vllm serve --enable-scale-out` pod: an engine over HTTP.
     url: str | None = None
     # Other routers' input and output addresses for this ZMQ engine, handed to it in the
@@ -326,6 +328,18 @@ class LinkConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Frontend:
+    """vLLM's OpenAI-server switches for what an answer carries, with vLLM's defaults (off)."""
+
+    # usage.prompt_tokens_details (the engine's cached prompt tokens) in every usage.
+    enable_prompt_tokens_details: bool = False
+    # A stream's usage chunk even when the client did not ask for it (stream_options).
+    enable_force_include_usage: bool = False
+    # Logprob tokens as "token_id:N" unless the request says otherwise.
+    return_tokens_as_token_ids: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class DiscoveryConfig:
     """``[discovery]``: engines found by a source (discovery/) join the fleet at run time; those
     that leave (deleted, not ready, moved) are drained, then removed (docs/operations.md)."""
@@ -361,6 +375,7 @@ class RouterConfig:
     api_key: str | None = field(default=None, repr=False)  # kept out of the repr (logs)
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    frontend: Frontend = field(default_factory=Frontend)
     discovery: DiscoveryConfig | None = None
     log_json: bool = True
     log_level: str = "INFO"
@@ -484,12 +499,13 @@ def from_mapping(data: dict[str, Any]) -> RouterConfig:
         raise ConfigError(f"lora_modules: {exc}") from None
     structured = _build(StructuredOutputsConfig, data.pop("structured_outputs", {}),
                         "structured_outputs")
+    frontend = _build(Frontend, data.pop("frontend", {}), "frontend")
     discovery = _discovery(data.pop("discovery", None))
     return _build(  # type: ignore[no-any-return]
         RouterConfig,
         {**data, "engines": tuple(specs), "policy": policy, "limits": limits,
          "control": control, "streams": streams, "link": link, "lora_modules": adapters,
-         "structured_outputs": structured, "discovery": discovery},
+         "structured_outputs": structured, "discovery": discovery, "frontend": frontend},
         "top level",
     )
 
@@ -626,6 +642,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-output-entries", type=int,
                         help="most n x max_tokens x (logprobs + 1) per request (default 2**24; "
                              "0: no limit)")
+    frontend = parser.add_argument_group("answers",
+                                         "vLLM's OpenAI-server switches, vLLM's defaults")
+    frontend.add_argument("--enable-prompt-tokens-details", action="store_true", default=None,
+                          help="usage.prompt_tokens_details.cached_tokens in every usage")
+    frontend.add_argument("--enable-force-include-usage", action="store_true", default=None,
+                          help="a usage chunk ends every stream, asked for or not")
+    frontend.add_argument("--return-tokens-as-token-ids", action="store_true", default=None,
+                          help="logprob tokens as 'token_id:N' unless a request says otherwise")
     add_structured_outputs_arguments(parser)
     obs = parser.add_argument_group("observability")
     obs.add_argument("--log-level", help="default INFO")
@@ -646,15 +670,16 @@ def parse_engine_flag(value: str, index: int) -> dict[str, Any]:
     for opt in opts:
         key, sep, val = opt.partition("=")
         if not sep or key not in ("kv", "replay", "topic", "input", "output", "block_size",
-                                  "advertise_host", "bind_host", "peer_input", "peer_output"):
+                                  "advertise_host", "bind_host", "max_model_len",
+                                  "peer_input", "peer_output"):
             raise ConfigError(f"--engine {value!r}: options are kv=, replay=, topic=, input=, "
-                              "output=, block_size=, advertise_host=, bind_host=, peer_input=, "
-                              "peer_output=")
+                              "output=, block_size=, advertise_host=, bind_host=, "
+                              "max_model_len=, peer_input=, peer_output=")
         if key in ("peer_input", "peer_output"):
             spec[key + "s"] = (*spec.get(key + "s", ()), val)
-        elif key == "block_size":
+        elif key in ("block_size", "max_model_len"):
             if not val.isdigit():
-                raise ConfigError(f"--engine {value!r}: block_size must be an integer")
+                raise ConfigError(f"--engine {value!r}: {key} must be an integer")
             spec[key] = int(val)
         else:
             spec[{"kv": "kv_events"}.get(key, key)] = val
@@ -762,6 +787,12 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         if getattr(args, key) is not None:
             limits[key] = getattr(args, key)
     data["limits"] = limits
+    frontend = dict(data.get("frontend", {}))
+    for key in ("enable_prompt_tokens_details", "enable_force_include_usage",
+                "return_tokens_as_token_ids"):
+        if getattr(args, key) is not None:
+            frontend[key] = getattr(args, key)
+    data["frontend"] = frontend
     if args.structured_outputs_json is not None or args.structured_outputs_backend is not None:
         try:
             flagged = structured_outputs_config(args.structured_outputs_json,

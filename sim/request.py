@@ -25,6 +25,8 @@ class SimRequest:
         "stop_ids",
         "min_stop_ids",
         "logprobs",
+        "logprob_ids",
+        "prompt_logprobs",
         "key",
         "scripted",
         "events",
@@ -73,7 +75,10 @@ class SimRequest:
         if self.eos is not None:
             min_stop.add(self.eos)
         self.min_stop_ids = frozenset(min_stop)
-        self.logprobs = sp.logprobs
+        # logprob_token_ids: each row holds the sampled token, then those ids (vLLM).
+        self.logprob_ids: list[int] = list(sp.logprob_token_ids or ())
+        self.logprobs = sp.logprobs if not self.logprob_ids else len(self.logprob_ids)
+        self.prompt_logprobs = sp.prompt_logprobs
         self.key = key
         extra = sp.extra_args or {}
         scripted = extra.get("kvroute_sim_token_ids") if isinstance(extra, dict) else None

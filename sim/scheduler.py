@@ -291,6 +291,10 @@ class Scheduler:
                 request_id=req.request_id,
                 new_token_ids=[token],
                 new_logprobs=self._logprobs(req, pos, token) if req.logprobs is not None else None,
+                # The prompt's logprobs come once, with the request's first token (vLLM).
+                new_prompt_logprobs_tensors=(self._prompt_logprobs(req)
+                                             if stats is not None and req.prompt_logprobs
+                                             is not None else None),
                 finish_reason=finish,
                 stop_reason=stop_reason,
                 events=req.take_events() if req.events else None,
@@ -354,7 +358,23 @@ class Scheduler:
         if k < 0:
             k = self.config.tokens.vocab_size
         ids, lps = logprobs_row(self.config.tokens, req.key, pos, token, k)
+        if req.logprob_ids:  # the asked ids after the sampled token, in their order
+            ids[1:] = req.logprob_ids
         return (ids.reshape(1, -1), lps.reshape(1, -1), np.ones(1, dtype=np.int64), None)
+
+    def _prompt_logprobs(self, req: SimRequest) -> tuple[Any, ...]:
+        """vLLM's prompt LogprobsTensors: per prompt position after the first, its token then
+        the top-k, and the token's rank (rows drawn as the sampled ones are)."""
+        k = req.prompt_logprobs
+        assert k is not None
+        if k < 0:
+            k = self.config.tokens.vocab_size
+        prompt = req.tokens[:req.num_prompt]
+        rows = [logprobs_row(self.config.tokens, req.key ^ 0x9E37, pos, token, k)
+                for pos, token in enumerate(prompt[1:], start=1)]
+        ids = np.stack([r[0] for r in rows]) if rows else np.zeros((0, k + 1), np.int32)
+        lps = np.stack([r[1] for r in rows]) if rows else np.zeros((0, k + 1), np.float32)
+        return (ids, lps, np.ones(len(rows), dtype=np.int64))
 
     def stats(self) -> dict[str, Any]:
         """vLLM ``SchedulerStats`` as the map msgspec makes of the dataclass."""

@@ -16,7 +16,7 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-pytest_plugins = ["tests.engines", "tests.vllm_serve"]
+pytest_plugins = ["tests.engines", "tests.vllm_serve", "tests.parity_report"]
 
 
 @pytest.fixture(scope="session", autouse=True)

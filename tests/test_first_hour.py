@@ -74,7 +74,7 @@ def test_router_help_is_grouped() -> None:
     assert out.returncode == 0
     groups = re.findall(r"^(\w[\w ]*):$", out.stdout, re.M)
     assert groups == ["options", "serving", "model and render", "engines", "routing", "limits",
-                      "structured outputs", "observability"]
+                      "answers", "structured outputs", "observability"]
     assert "Hugging Face id ORG/NAME" in out.stdout
 
 

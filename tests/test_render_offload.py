@@ -25,6 +25,7 @@ import render.errors
 from render.errors import (
     BadRequestError,
     ContextLengthError,
+    InputProcessorError,
     ModelNotFoundError,
     RenderError,
     TemplateLimitError,
@@ -123,7 +124,7 @@ BIG = _text(10_500, 1)  # ~73 KB: over the 64 KiB cap once in a body
 def _error_instances() -> list[Exception]:
     bad_json = msgspec.json.Decoder(ChatCompletionRequest)
     found: list[Exception] = []
-    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": "wizard"}]}'):
+    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": 5}]}'):
         try:
             bad_json.decode(raw)
         except msgspec.DecodeError as e:
@@ -133,6 +134,7 @@ def _error_instances() -> list[Exception]:
         RenderError(418, "teapot", "Teapot", "x"),
         BadRequestError("bad field", "n"),
         ContextLengthError("too long", "messages"),
+        InputProcessorError("out of vocabulary", "logit_bias"),
         TemplateUnavailableError("no template"),
         TemplateLimitError("too slow", "time"),
         ModelNotFoundError("nope"),
@@ -225,7 +227,7 @@ BAD_BIG_BODIES: list[tuple[str, object]] = [
     (CHAT, json.dumps({"messages": [{"role": "user", "content": BIG}]}).encode()[:-3]),  # JSON
     (CHAT, {"messages": [{"role": "user", "content": BIG}], "temperature": "hot"}),  # type
     (CHAT, {"messages": [{"role": "user", "content": BIG}], "model": "nope"}),  # unknown model
-    (CHAT, {"messages": [{"role": "user", "content": BIG}], "max_tokens": 40_000}),  # too long
+    (CHAT, {"messages": [{"role": "user", "content": BIG}], "max_tokens": 10**6}),  # too long
     (CHAT, {"messages": [{"role": "user", "content": BIG}], "top_p": 7}),  # a render check
     (CHAT, {"messages": [{"role": "user", "content": BIG}],  # the template's raise_exception
             "chat_template": "{{ raise_exception('no ' ~ messages[0].content[:9]) }}"}),

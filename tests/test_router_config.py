@@ -239,3 +239,25 @@ def test_a_wildcard_handshake_advertising_a_name_needs_a_bind_host() -> None:
         from_mapping({"engines": [{**engine, "bind_host": "eth0"}]})
     cfg = parse(["--engine", "a=tcp://0.0.0.0:1,advertise_host=router.svc,bind_host=10.0.0.7"])
     assert cfg.engines[0].input_address == "tcp://10.0.0.7:1001"
+
+
+def test_frontend_switches_default_as_vllm() -> None:
+    """vLLM's answer switches: off by default, on by flag or the [frontend] table."""
+    off = parse([]).frontend
+    assert not (off.enable_prompt_tokens_details or off.enable_force_include_usage
+                or off.return_tokens_as_token_ids)
+    on = parse(["--enable-prompt-tokens-details", "--enable-force-include-usage",
+                "--return-tokens-as-token-ids"]).frontend
+    assert on.enable_prompt_tokens_details and on.enable_force_include_usage
+    assert on.return_tokens_as_token_ids
+    table = from_mapping({"frontend": {"enable_prompt_tokens_details": True}}).frontend
+    assert table.enable_prompt_tokens_details and not table.enable_force_include_usage
+    with pytest.raises(ConfigError, match="frontend: unknown key"):
+        from_mapping({"frontend": {"prompt_details": True}})
+
+
+def test_a_readopted_engine_names_its_context() -> None:
+    cfg = parse(["--engine", "x=tcp://h:1,block_size=128,max_model_len=4096"])
+    assert (cfg.engines[0].block_size, cfg.engines[0].max_model_len) == (128, 4096)
+    with pytest.raises(ConfigError, match="max_model_len must be an integer"):
+        parse(["--engine", "x=tcp://h:1,max_model_len=big"])

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import Control
+from router.config import Control, Frontend
 from router.link.http_state import HttpEngineState
 from tests.waits import eventually
 
@@ -34,8 +34,10 @@ ADMIN = "admin-key"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
+    # Answers show the engines' cached tokens (vLLM's --enable-prompt-tokens-details).
     opts = ClusterOptions(engines=2, transport="http", sim={"step_time": 0.005},
-                          control=Control(admin_key=ADMIN))
+                          control=Control(admin_key=ADMIN),
+                          frontend=Frontend(enable_prompt_tokens_details=True))
     with LocalCluster(opts) as c:
         yield c
 

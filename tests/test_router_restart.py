@@ -40,7 +40,7 @@ def _sim(tmp: Path, name: str) -> list[str]:
 @contextmanager
 def _router(tmp: Path) -> Iterator[tuple[Proc, str]]:
     args = ["router", "--port", "0", "--plain-logs", "--state-dir", str(tmp / "state"),
-            "--max-model-len", "4096"]
+            "--max-model-len", "4096", "--enable-prompt-tokens-details"]
     for name in NAMES:
         args += ["--engine", f"{name}=ipc://{tmp}/{name}.hs"]
     with started(args) as router:

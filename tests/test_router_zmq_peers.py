@@ -21,13 +21,15 @@ import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import EngineSpec, LinkConfig
+from router.config import EngineSpec, Frontend, LinkConfig
 from router.link.engine_state import EngineState
 from sim.launch import spawn_sim_engine
 from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
 MAX_LEN = 4096
+# Answers show the engine's cached tokens (vLLM's --enable-prompt-tokens-details).
+DETAILS = Frontend(enable_prompt_tokens_details=True)
 
 
 @pytest.fixture
@@ -45,10 +47,10 @@ def two_routers(tmp_path: Path) -> Iterator[tuple[LocalCluster, LocalCluster]]:
     owner = LocalCluster(ClusterOptions(
         external=(EngineSpec("e0", hs, input=a_in, output=a_out, peer_inputs=(b_in,),
                              peer_outputs=(b_out,), **feed),),
-        router_max_model_len=MAX_LEN))
+        router_max_model_len=MAX_LEN, frontend=DETAILS))
     peer = LocalCluster(ClusterOptions(
         external=(EngineSpec("e0", input=b_in, output=b_out, block_size=16, **feed),),
-        router_max_model_len=MAX_LEN, link=LinkConfig(client_index=1)))
+        router_max_model_len=MAX_LEN, link=LinkConfig(client_index=1), frontend=DETAILS))
     try:
         owner.start()
         peer.start()

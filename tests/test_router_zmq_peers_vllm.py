@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import EngineSpec, LinkConfig
+from router.config import EngineSpec, Frontend, LinkConfig
 from router.link.engine_state import EngineState
 from tests.engines import MAX_MODEL_LEN, TINY_MODEL, VLLM_START_TIMEOUT, VLLM_VENV
 from tests.vllm_serve import SERVED_NAME
@@ -42,8 +42,10 @@ def routers(tmp_path_factory: pytest.TempPathFactory
     feed = {"kv_events": kv["endpoint"], "replay": kv["replay_endpoint"], "topic": "kv"}
     a_in, a_out = f"ipc://{tmp}/a.in", f"ipc://{tmp}/a.out"
     b_in, b_out = f"ipc://{tmp}/b.in", f"ipc://{tmp}/b.out"
+    # Answers show the engine's cached tokens (vLLM's --enable-prompt-tokens-details).
     common = {"model": str(TINY_MODEL), "served_model_name": SERVED_NAME,
-              "router_max_model_len": MAX_MODEL_LEN, "ready_timeout": VLLM_START_TIMEOUT}
+              "router_max_model_len": MAX_MODEL_LEN, "ready_timeout": VLLM_START_TIMEOUT,
+              "frontend": Frontend(enable_prompt_tokens_details=True)}
     # The owner binds its handshake on port 0; the engine is started with the port it got.
     owner = LocalCluster(ClusterOptions(
         external=(EngineSpec("e0", "tcp://127.0.0.1:0", input=a_in, output=a_out,

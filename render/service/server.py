@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -117,8 +118,9 @@ def model_card(model_id: str, created: int, root: str, parent: str | None,
                max_model_len: int | None) -> dict[str, object]:
     """One entry of ``GET /v1/models`` (vLLM's ModelCard); an adapter's has its base model as
     ``parent``, its directory as ``root`` and no ``max_model_len``."""
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "kvroute",
-            "root": root, "parent": parent, "max_model_len": max_model_len}
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": max_model_len,
+            "permission": [_permission(created)]}
 
 
 def model_cards(st: RenderState) -> list[dict[str, object]]:
@@ -137,8 +139,19 @@ def models_body(cards: list[dict[str, object]]) -> dict[str, object]:
 
 
 async def list_models(request: Request) -> Response:
+    """vLLM's model list, field for field, so clients that read it see what `vllm serve`
+    shows."""
     st = render_state(request.scope["state"])
     return json_response(st.codecs.encoder, models_body(model_cards(st)))
+
+
+def _permission(created: int) -> dict[str, object]:
+    """vLLM's ``ModelPermission`` with its defaults."""
+    return {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+            "created": created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}
 
 
 async def health(request: Request) -> Response:

@@ -259,8 +259,17 @@ def create_app(cfg: RouterConfig,
                         "engine serves (keep them behind the API key)")
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
+        caps = {id(r): r.max_model_len for r in models.registry}
+
+        def set_context(max_model_len: int) -> None:
+            # Render admits what every ready engine can take (each model: at most its own).
+            for r in models.registry:
+                r.max_model_len = min(caps[id(r)], max_model_len)
+
+        # A configured --max-model-len is kept; else the engines' own lengths rule.
         fleet = Fleet(client, kv, index, admission, cfg.engines,
-                      max_model_len=min(r.max_model_len for r in models.registry),
+                      max_model_len=min(caps.values()),
+                      on_context=None if cfg.max_model_len is not None else set_context,
                       adapters=adapters, memory=EngineMemory(cfg.state_dir))
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))

@@ -70,6 +70,15 @@ class PipelineGroup:
     def completion_tokens(self) -> int:
         return sum(p.completion_tokens for p in self.parts)
 
+    @property
+    def kv_transfer_params(self) -> dict[str, object] | None:
+        """The first prompt's, as vLLM's body carries."""
+        return self.parts[0].kv_transfer_params
+
+    def prompt_logprobs(self, index: int = 0) -> list[dict[str, dict[str, object]] | None] | None:
+        pipeline, local, _ = self._where[index]
+        return pipeline.prompt_logprobs(local)
+
     def usage(self, index: int | None = None) -> Usage:
         if index is not None:
             pipeline, local, _ = self._where[index]
@@ -78,7 +87,8 @@ class PipelineGroup:
         prompt = sum(u.prompt_tokens for u in parts)
         completion = sum(u.completion_tokens for u in parts)
         cached = self.cached_tokens
-        details = None if cached is None else PromptTokensDetails(cached_tokens=cached)
+        details = (None if cached is None or not self.spec.usage_details
+                   else PromptTokensDetails(cached_tokens=cached))
         return Usage(prompt, prompt + completion, completion, details)
 
     def start(self) -> list[Chunk]:

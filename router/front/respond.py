@@ -15,6 +15,7 @@ from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.pipeline import Pipeline, PipelineSpec, interleave
 from output.sse import RAW_SEND, Backlog, SSEResponse, StreamEnd, sse_stream
+from router.front.beam_search import BeamAnswer
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
@@ -34,7 +35,8 @@ ALL_LOGPROBS = 256_000
 class EngineResponse:
     """An ASGI app: runs the pipeline over the routed request's outputs and writes the answer."""
 
-    def __init__(self, state: RouterState, routed: Routed | RoutedGroup, spec: PipelineSpec,
+    def __init__(self, state: RouterState, routed: Routed | RoutedGroup | BeamAnswer,
+                 spec: PipelineSpec,
                  decoder: TokenDecoder, stream: bool,
                  pipeline: PipelineGroup | None = None) -> None:
         self.st = state

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from render.protocol import GenerateRequest
     from render.service.state import Models, RenderState
     from router.config import RouterConfig
+    from router.front.beam_search import BeamAnswer
     from router.front.multi_prompt import RoutedGroup
     from router.front.render_client import RenderClient
     from router.kvfeed.kv_subscriber import KVSubscriber
@@ -96,7 +97,7 @@ class RouterState:
     generate_decoder: msgspec.json.Decoder[GenerateRequest]
     adapters: Adapters  # the LoRA adapters served (model names), loaded onto the engines
     # The requests on engines now, by request id (abort_requests, duplicate-id refusal).
-    active: dict[str, Routed | RoutedGroup] = field(default_factory=dict)
+    active: dict[str, Routed | RoutedGroup | BeamAnswer] = field(default_factory=dict)
 
 
 def router_state(state: MutableMapping[str, Any]) -> RouterState:

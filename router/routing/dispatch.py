@@ -23,7 +23,7 @@ from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
 from router.routing.resume import ResumableStream, resumable
 from serving.errors import APIError, EngineLinkError, OverloadedError
-from wire.engine import EngineCoreOutput, EngineCoreRequest, LoRARequest
+from wire.engine import EngineCoreOutput, EngineCoreRequest, FinishReason, LoRARequest
 from wire.sampling import SamplingParams
 
 log = logging.getLogger("kvroute.router")
@@ -112,6 +112,7 @@ class Dispatcher:
     async def open(
         self, request_id: str, tokens: Sequence[int], params: SamplingParams, *,
         lora: LoRARequest | None = None, cache_salt: str | None = None, priority: int = 0,
+        session_id: str | None = None,
     ) -> Routed:
         """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
 
@@ -130,26 +131,32 @@ class Dispatcher:
                 break
             decision, note = chosen
             children = _fan_out(request_id, tokens, params, params.n, lora, cache_salt,
-                                priority)
+                                priority, session_id)
             try:
                 routed = await self._place(request_id, len(tokens), children, decision, note,
                                            attempt)
-                if lora is not None and self.adapters is not None:
-                    self.adapters.routed(decision.engine, lora)
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
                 engine = decision.engine
+                self.policy.index.forget_routed(engine, tokens, namespace)
                 excluded.add(engine)
                 self._failed(engine)
                 if attempt == 1:
                     self.metrics.retries.inc()
                 log.warning("engine failed before the first token", extra={
                     "request_id": request_id, "engine": engine, "error": str(exc)})
-            else:
-                if self.max_resumes and resumable(params):
-                    self._resumable(routed, children)
+                continue
+            if any(out.error is not None or out.finish_reason == FinishReason.ERROR
+                   for out in routed.first):
+                # The engine refused the request (its answer says why): it caches nothing.
+                self.policy.index.forget_routed(decision.engine, tokens, namespace)
                 return routed
+            if lora is not None and self.adapters is not None:
+                self.adapters.routed(decision.engine, lora)
+            if self.max_resumes and resumable(params):
+                self._resumable(routed, children)
+            return routed
         if last_error is not None:
             raise last_error
         if lora is not None:
@@ -337,19 +344,20 @@ class Dispatcher:
 
 
 def _fan_out(request_id: str, tokens: Sequence[int], params: SamplingParams, n: int,
-             lora: LoRARequest | None, cache_salt: str | None, priority: int
-             ) -> list[EngineCoreRequest]:
+             lora: LoRARequest | None, cache_salt: str | None, priority: int,
+             session_id: str | None = None) -> list[EngineCoreRequest]:
     now = time.time()
     if n == 1:
         return [EngineCoreRequest(request_id, list(tokens), None, params, None, now, lora,
-                                  cache_salt, None, priority=priority)]
+                                  cache_salt, None, priority=priority, session_id=session_id)]
     out = []
     for i in range(n):
         # vLLM's ParentRequest: child i is "{i}_{id}" with n=1 and seed + i when seeded.
         seed = None if params.seed is None else params.seed + i
         child = msgspec.structs.replace(params, n=1, seed=seed)
         out.append(EngineCoreRequest(f"{i}_{request_id}", list(tokens), None, child, None, now,
-                                     lora, cache_salt, None, priority=priority))
+                                     lora, cache_salt, None, priority=priority,
+                                     session_id=session_id))
     return out
 
 

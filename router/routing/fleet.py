@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from radix import PrefixIndex
@@ -24,15 +24,22 @@ class Fleet:
 
     def __init__(self, client: EngineLinks, kv: KVSubscriber, index: PrefixIndex,
                  admission: Admission, specs: Iterable[EngineSpec], poll: float = 0.25,
-                 max_model_len: int | None = None, adapters: Adapters | None = None,
+                 max_model_len: int | None = None,
+                 on_context: Callable[[int], None] | None = None,
+                 adapters: Adapters | None = None,
                  memory: EngineMemory | None = None) -> None:
         self.client = client
         # The LoRA adapters, loaded onto each engine as it turns ready.
         self.adapters = adapters
         # The engines' ready maps kept across router restarts (None: not kept).
         self.memory = memory or EngineMemory(None)
-        # The context length the router's render admits prompts to (None: not checked).
+        # The context length the router may admit prompts to at most (the model's, or the
+        # configured one); the engines' own lengths lower it (``context``).
         self.max_model_len = max_model_len
+        # Told the context every engine can take whenever the ready engines change (None: the
+        # router's is configured, and kept).
+        self.on_context = on_context
+        self.context: int | None = max_model_len
         self.kv = kv
         self.index = index
         self.admission = admission
@@ -64,6 +71,7 @@ class Fleet:
         self.connects.pop(name, None)
         if name in self.attached:
             self.attached.discard(name)
+            self._update_context()
             self.index.remove_engine(name)
         if name in self.subscribed:
             self.subscribed.discard(name)
@@ -118,13 +126,34 @@ class Fleet:
         log.info("engine ready", extra={"engine": name, "block_size": block_size,
                                         "max_model_len": engine_len, "adopted": eng.adopted,
                                         "kv_events": name in self.subscribed})
-        if engine_len and self.max_model_len and engine_len < self.max_model_len:
-            # Prompts the router admits but the engine cannot hold would fail on the engine.
-            log.warning("engine max_model_len is below the router's: start the router with "
-                        "--max-model-len at most the engine's",
+        if (self.on_context is None and engine_len and self.max_model_len
+                and engine_len < self.max_model_len):
+            # A configured context the engine cannot hold: prompts the router admits between
+            # the two fail on the engine.
+            log.warning("engine max_model_len is below the router's --max-model-len",
                         extra={"engine": name, "max_model_len": engine_len,
                                "router_max_model_len": self.max_model_len})
+        self._update_context()
         self.admission.wake()
+
+    def _update_context(self) -> None:
+        """The context every ready engine can take (an engine's ready response says its own;
+        an engine re-adopted without one counts as the router's), capped by the router's:
+        what render admits, so no prompt reaches an engine that cannot hold it."""
+        lens = [self.max_model_len] if self.max_model_len else []
+        for name in self.attached:
+            info = self.client.engines[name].ready if name in self.client.engines else None
+            spec = self.specs.get(name)
+            if info is not None and info.max_model_len > 0:
+                lens.append(info.max_model_len)
+            elif spec is not None and spec.max_model_len:  # re-adopted: as configured
+                lens.append(spec.max_model_len)
+        context = min(lens) if lens else None
+        if self.on_context is not None and context is not None and context != self.context:
+            log.info("context length", extra={"max_model_len": context})
+            self.context = context
+            if self.on_context is not None:
+                self.on_context(context)
 
     def _restarted(self, name: str) -> None:
         eng = self.client.engines[name]
@@ -139,6 +168,7 @@ class Fleet:
 
     def _detach(self, name: str, why: str) -> None:
         self.attached.discard(name)
+        self._update_context()
         if self.adapters is not None:
             self.adapters.engine_gone(name)
         # Whatever it cached is gone with it; a restarted engine re-announces its blocks.

@@ -31,6 +31,8 @@ class PrefixMatcher(Protocol):
 
     def note_routed_keys(self, engine: str, prompt: Any, now: float, ttl: float) -> object: ...
 
+    def forget_routed(self, engine: str, tokens: Sequence[int], namespace: Hashable) -> None: ...
+
 
 def _head_hash(tokens: Sequence[int]) -> int:
     return xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())

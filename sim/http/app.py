@@ -171,7 +171,8 @@ async def generate(request: Request) -> Response:
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
         return_token_ids=bool(gen.return_token_ids), detokenize=False,
-        logprobs=params.logprobs, prompt_token_ids=gen.token_ids if gen.return_token_ids else None)
+        logprobs=params.logprobs, prompt_token_ids=gen.token_ids if gen.return_token_ids else None,
+        usage_details=_details(st))
     return await _answer(st, request, spec, gen.token_ids, params, request_id,
                          bool(gen.stream), gen.cache_salt, gen.priority)
 
@@ -216,7 +217,12 @@ def _spec(kind: str, st: FaceState, gen: GenerateRequest, **kw: Any) -> Pipeline
         logprobs=sp.logprobs, detokenize=sp.detokenize,
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
-        prompt_tail=tuple(gen.token_ids[-PROMPT_TAIL:]), **kw)
+        prompt_tail=tuple(gen.token_ids[-PROMPT_TAIL:]), usage_details=_details(st), **kw)
+
+
+def _details(st: FaceState) -> bool:
+    """vLLM's --enable-prompt-tokens-details on this pod."""
+    return st.config.http is not None and st.config.http.enable_prompt_tokens_details
 
 
 def _check_model(st: FaceState, model: str | None) -> None:
@@ -268,7 +274,7 @@ async def _checked(st: FaceState, streams: list[Outputs]
                    ) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
     """The choices' outputs; an engine-reported error raises with its code (vLLM's status),
     and prompt cached tokens are dropped unless --enable-prompt-tokens-details."""
-    details = st.config.http is not None and st.config.http.enable_prompt_tokens_details
+    details = _details(st)
     async for index, out in merged(streams):
         if out.error is not None:
             code = out.error.code
