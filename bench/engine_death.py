@@ -3,11 +3,12 @@
     .venv/bin/python bench/engine_death.py [--rounds 3] [--dead-after 1.0] [--slack 1.0]
 
 A simulated engine process (tests/engines.py) streams a long request; it is SIGKILLed (no
-ENGINE_CORE_DEAD, only silence) and the time until the stream fails with EngineDeadError is
-measured, each round with a fresh engine. The bound: ``dead_after`` (the silence the client
-waits for) plus the slack (its checking interval and this machine's scheduling, which a loaded
-machine stretches: a benchmark, not a test; tests/test_engine_client_faults.py checks that the
-silence deadline ends the stream). Exits 1 if a round is over the bound.
+ENGINE_CORE_DEAD) and the time until the stream fails with EngineDeadError is measured, each
+round with a fresh engine. The client notices the dropped connection at once
+(router/link/engine_health.py); the bound is still the silence deadline, ``dead_after`` plus
+the slack (its checking interval and this machine's scheduling, which a loaded machine
+stretches: a benchmark, not a test; tests/test_engine_client_faults.py checks that the dropped
+connection ends the stream). Exits 1 if a round is over the bound.
 """
 
 from __future__ import annotations

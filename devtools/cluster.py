@@ -1,4 +1,9 @@
-"""A local fleet for the demo, tests and benchmarks: the router on its own loop + sim engines."""
+"""A local fleet for the demo, tests and benchmarks: the router on its own loop + sim engines.
+
+Engines are linked over ZMQ (the router binds each handshake, the sims dial it) or, with
+``transport="http"``, over HTTP: each sim serves `vllm serve`'s endpoints (its HTTP face) on a
+port of its own, started first, and the router is given their URLs.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +21,25 @@ from typing import Any
 import httpx
 import msgspec
 
-from render.models import EMBEDDED_MODEL
-from router.config import Control, EngineSpec, Limits, RouterConfig, StreamLimits
+from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
+from render.renderer import Renderer
+from render.service.lora_modules import LoRAModule
+from router.config import (
+    Control,
+    DiscoveryConfig,
+    EngineSpec,
+    Frontend,
+    Limits,
+    LinkConfig,
+    RouterConfig,
+    StreamLimits,
+)
 from router.front.state import RouterState
 from router.main import serve
 from router.routing.policy import PolicyConfig
 from serving.server import ROUTER_SERVER, bind_socket
-from sim.config import DEFAULT_MAX_MODEL_LEN, KVEventsConfig
+from sim.config import DEFAULT_MAX_MODEL_LEN, HttpFaceConfig, KVEventsConfig
+from sim.http.face import HttpFace
 from sim.launch import SimEngineThread, spawn_sim_engine, start_sim_engine
 from sim.tokens import TokenTable
 
@@ -38,10 +55,12 @@ class ClusterOptions:
     # /admin/*: set an admin_key to turn it on; ipc joins default to the cluster's directory.
     control: Control = field(default_factory=Control)
     streams: StreamLimits = field(default_factory=StreamLimits)
+    link: LinkConfig = field(default_factory=LinkConfig)  # e.g. client_index for a peer router
     ready_timeout: float = 60.0
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
     model: str | None = None  # model dir for the render (default: the embedded Qwen3)
+    served_model_name: str | None = None  # the router's name for it (default: render's)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
     port: int = 0  # the router's port on 127.0.0.1 (0: any free one)
@@ -52,6 +71,19 @@ class ClusterOptions:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    # The router takes its context from the engines' ready responses (no --max-model-len).
+    context_from_engines: bool = False
+    frontend: Frontend = field(default_factory=Frontend)  # vLLM's answer switches
+    # LoRA adapters served from the start (the sims need sim={"enable_lora": True}), and the
+    # runtime load/unload endpoints.
+    lora_modules: tuple[LoRAModule, ...] = ()
+    allow_runtime_lora_updating: bool = False
+    # "zmq": headless engines dialling the router; "http": sims serving their HTTP face,
+    # reached by URL (as `vllm serve` pods); "mixed": engine-0 over ZMQ, engine-1 over HTTP,
+    # and so on alternately.
+    transport: str = "zmq"
+    # Engines found at run time ([discovery]); with engines=0 the router starts with none.
+    discovery: DiscoveryConfig | None = None
 
 
 class LocalCluster:
@@ -64,7 +96,10 @@ class LocalCluster:
         self.names = ([e.name for e in self.options.external] if self.options.external
                       else [f"engine-{i}" for i in range(self.options.engines)])
         self.threads: dict[str, SimEngineThread] = {}
+        self.faces: dict[str, HttpFace] = {}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.urls: dict[str, str] = {}  # HTTP engines: name -> base URL
+        self._renderer: Renderer | None = None  # the in-process faces' one render
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -75,27 +110,43 @@ class LocalCluster:
         return f"ipc://{self.dir}/{name}.{kind}"
 
     def config(self) -> RouterConfig:
-        specs = self.options.external or tuple(
-            EngineSpec(n, self._address(n, "hs")) for n in self.names)
+        if self.options.external:
+            specs = self.options.external
+        else:
+            specs = tuple(EngineSpec(n, url=self.urls[n]) if self.is_http(n)
+                          else EngineSpec(n, self._address(n, "hs")) for n in self.names)
         model = self.options.model or RouterConfig().model
         # Router and sims agree on the context length, so no prompt the router admits fails on
         # an engine (external engines: the model's, as vLLM derives it).
         max_len = None if self.options.external else self.sim_options()["max_model_len"]
         if self.options.router_max_model_len is not None:
             max_len = self.options.router_max_model_len
+        if self.options.context_from_engines:
+            max_len = None
         control = self.options.control
         if control.ipc_dir is None:
             control = dataclasses.replace(control, ipc_dir=str(self.dir))
         return RouterConfig(host="127.0.0.1", port=0, engines=specs, policy=self.options.policy,
                             model=model, render_url=self.options.render_url,
+                            served_model_name=self.options.served_model_name,
                             max_model_len=max_len,
                             limits=self.options.limits, api_key=self.options.api_key,
                             control=control, streams=self.options.streams,
+                            link=self.options.link, discovery=self.options.discovery,
+                            frontend=self.options.frontend,
                             log_json=False, log_level="WARNING",
                             http_server=self.options.http_server,
+                            lora_modules=self.options.lora_modules,
+                            allow_runtime_lora_updating=self.options.allow_runtime_lora_updating,
+                            state_dir=str(self.dir),
                             tool_call_parser=self.options.tool_call_parser,
                             reasoning_parser=self.options.reasoning_parser,
                             enable_auto_tool_choice=self.options.enable_auto_tool_choice)
+
+    def is_http(self, name: str) -> bool:
+        """Whether the router reaches this engine over HTTP (its sim serves an HTTP face)."""
+        transport = self.options.transport
+        return transport == "http" or (transport == "mixed" and self.names.index(name) % 2 == 1)
 
     def sim_options(self) -> dict[str, Any]:
         """The sims' SimConfig overrides, with the context length the router is given too."""
@@ -118,6 +169,12 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
+        pods = [] if self.options.external else [n for n in self.names if self.is_http(n)]
+        tokens = None
+        if not self.options.processes and not self.options.external:
+            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
+        for name in pods:  # pods first: the router is given their URLs
+            self.start_engine(name, tokens)
         cfg = self.config()
         sock = bind_socket(cfg.host, self.options.port)
         self.port = sock.getsockname()[1]
@@ -127,20 +184,25 @@ class LocalCluster:
         self._thread.start()
         if not started.wait(30):
             raise RuntimeError(f"router did not start: {self._error!r}")
-        tokens = None
-        if not self.options.processes and not self.options.external:
-            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
         if not self.options.external:
             for name in self.names:
-                self.start_engine(name, tokens)
+                if name not in pods:
+                    self.start_engine(name, tokens)
         self.wait_ready(self.options.ready_timeout, len(self.names))
 
     def start_engine(self, name: str, tokens: TokenTable | None = None) -> None:
+        if self.is_http(name):
+            self._start_http_engine(name, tokens)
+            return
         hs = self._address(name, "hs")
         if self.options.processes:
             args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
             for key, value in self.sim_options().items():
-                args += [f"--{key.replace('_', '-')}", str(value)]
+                flag = f"--{key.replace('_', '-')}"
+                if isinstance(value, bool):  # a switch: present when on
+                    args += [flag] if value else []
+                else:
+                    args += [flag, str(value)]
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:
@@ -148,13 +210,49 @@ class LocalCluster:
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
                                                   **self.sim_options())
 
+    def _start_http_engine(self, name: str, tokens: TokenTable | None) -> None:
+        """A sim behind its HTTP face on a free port (a process prints the URL when ready)."""
+        if self.options.processes:
+            args = ["--port", "0", "--served-model-name", EMBEDDED_SERVED_NAME,
+                    "--enable-prompt-tokens-details",
+                    "--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
+            for key, value in self.sim_options().items():
+                args += [f"--{key.replace('_', '-')}", str(value)]
+            proc = spawn_sim_engine(None, args, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
+            self.procs[name] = proc
+            assert proc.stdout is not None
+            for raw in proc.stdout:  # its ready line (the process exits on failure: EOF)
+                line = raw.decode(errors="replace")
+                if "HTTP face on " in line:
+                    self.urls[name] = line.rsplit(" ", 1)[1].strip()
+                    break
+            else:
+                raise RuntimeError(f"sim engine {name} exited ({proc.wait()}) before serving")
+            return
+        face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, port=0,
+                              enable_prompt_tokens_details=True)
+        if self._renderer is None:
+            self._renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=EMBEDDED_SERVED_NAME,
+                                           max_model_len=self.sim_options()["max_model_len"])
+        tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
+        thread = start_sim_engine(None, tokens, kv_events=self.kv_config(name), http=face,
+                                  **self.sim_options())
+        self.threads[name] = thread
+        self.faces[name] = http_face = HttpFace(thread.engine, self._renderer).start()
+        if not http_face.wait_ready() or http_face.error is not None:
+            raise RuntimeError(f"sim engine {name}'s HTTP face did not start: "
+                               f"{http_face.error!r}")
+        self.urls[name] = http_face.url
+
     def wait_ready(self, timeout: float, engines: int | None = None) -> None:
         """Until /ready answers and the router sees ``engines`` (default: all) ready."""
         want = self.options.engines if engines is None else engines
         deadline = time.monotonic() + timeout
         with httpx.Client(base_url=self.base_url, timeout=5) as http:
             while time.monotonic() < deadline:
-                if self.ready_engines() >= want and http.get("/ready").status_code == 200:
+                if self.ready_engines() >= want and (
+                        want == 0 or http.get("/ready").status_code == 200):
                     return
                 time.sleep(0.05)  # polling a remote state with a deadline, not synchronising
         raise TimeoutError(f"{want} engines not ready after {timeout}s")
@@ -213,6 +311,8 @@ class LocalCluster:
                 self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join(30)
+        for face in self.faces.values():
+            face.stop()
         for t in self.threads.values():
             t.stop()
         for p in self.procs.values():
@@ -223,6 +323,8 @@ class LocalCluster:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(10)
+            if p.stdout is not None:  # an HTTP sim's, read for its ready line
+                p.stdout.close()
         if self._tmp is not None:
             self._tmp.cleanup()
 

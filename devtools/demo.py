@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from devtools.cluster import ClusterOptions, LocalCluster
+from router.config import Frontend
 from router.main import banner
 from router.routing.policy import POLICIES, PolicyConfig
 from sim.config import OUTPUTS
@@ -104,9 +105,11 @@ def cli(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.engines < 1:
         p.error("--engines must be >= 1")
+    # The tour shows each answer's cached prompt tokens (vLLM's --enable-prompt-tokens-details).
     opts = ClusterOptions(engines=args.engines, policy=PolicyConfig(name=args.policy),
                           sim={"step_time": args.step_time, "output": args.output},
-                          port=args.port)
+                          port=args.port,
+                          frontend=Frontend(enable_prompt_tokens_details=True))
     # Both explicitly: a shell starts background jobs with SIGINT ignored, and Ctrl-C must work.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)

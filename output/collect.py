@@ -38,7 +38,7 @@ Body = ChatCompletion | Completion | GenerateResponse
 
 class _Acc:
     __slots__ = ("text", "reasoning", "tools", "chat_lp", "cmpl_lp", "gen_lp", "ids", "finish",
-                 "stop_reason", "any_text")
+                 "stop_reason", "any_text", "prompt_ids")
 
     def __init__(self) -> None:
         self.text: list[str] = []
@@ -51,6 +51,7 @@ class _Acc:
         self.finish: str | None = None
         self.stop_reason: int | str | None = None
         self.any_text = False
+        self.prompt_ids: list[int] | None = None
 
 
 class Collector:
@@ -79,6 +80,8 @@ class Collector:
             for cc in chunk.choices:
                 a = self._acc[cc.index]
                 a.text.append(cc.text)
+                if cc.prompt_token_ids is not None:
+                    a.prompt_ids = cc.prompt_token_ids
                 lp = cc.logprobs
                 if lp is not None:
                     if a.cmpl_lp is None:
@@ -125,21 +128,30 @@ class Collector:
                 else:
                     content = None if tools else ""
                 reasoning = None if a.reasoning is None else "".join(a.reasoning)
-                msg = ChatMessage("assistant", content, reasoning, tools, reasoning)
+                msg = ChatMessage(spec.role, content, reasoning, tools, reasoning)
                 lp = _chat_logprobs(a.chat_lp) if want_lp else None
                 choices.append(ChatChoice(i, msg, lp, a.finish, a.stop_reason, a.ids))
             return ChatCompletion(id=spec.request_id, created=spec.created, model=spec.model,
-                                  choices=choices, usage=usage)
+                                  choices=choices, usage=usage,
+                                  prompt_logprobs=self.pipeline.prompt_logprobs(),
+                                  prompt_token_ids=spec.prompt_token_ids,
+                                  prompt_text=spec.prompt_text,
+                                  kv_transfer_params=self.pipeline.kv_transfer_params)
         if spec.kind == COMPLETION:
             cchoices = [
                 CompletionChoice(i, "".join(a.text),
                                  (a.cmpl_lp or CompletionLogprobs([], [], [], []))
                                  if want_lp else None,
-                                 a.finish, a.stop_reason, a.ids)
+                                 a.finish, a.stop_reason, a.ids,
+                                 # A body shows the prompt's ids only when asked (a stream
+                                 # also with an echo).
+                                 a.prompt_ids if spec.return_token_ids else None,
+                                 self.pipeline.prompt_logprobs(i))
                 for i, a in enumerate(self._acc)
             ]
             return Completion(id=spec.request_id, created=spec.created, model=spec.model,
-                              choices=cchoices, usage=usage)
+                              choices=cchoices, usage=usage,
+                              kv_transfer_params=self.pipeline.kv_transfer_params)
         text_mode = spec.output_mode == "text"
         gchoices = []
         for i, a in enumerate(self._acc):

@@ -56,16 +56,32 @@ def _candidates(ids: Sequence[int], lps: Sequence[float], base: int, width: int,
     return out
 
 
+def token_id_text(token_id: int) -> str:
+    """vLLM's ``return_tokens_as_token_ids`` spelling of a token."""
+    return f"token_id:{token_id}"
+
+
+def _as_id(token_id: int, text: str) -> str:
+    return token_id_text(token_id)
+
+
 class ChoiceLogprobs:
-    """Per output sequence: formats each engine batch's logprobs for one response kind."""
+    """Per output sequence: formats each engine batch's logprobs for one response kind.
 
-    __slots__ = ("_td", "_num", "_offset", "_ctx")
+    ``as_ids``: tokens shown as ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``);
+    ``every``: every candidate of a row shown (the row holds the request's
+    ``logprob_token_ids``, which vLLM returns all of). Either takes the plain formatting path."""
 
-    def __init__(self, decoder: TokenDecoder, num: int):
+    __slots__ = ("_td", "_num", "_offset", "_ctx", "_as_ids", "_every")
+
+    def __init__(self, decoder: TokenDecoder, num: int, *, as_ids: bool = False,
+                 every: bool = False):
         self._td = decoder
-        self._num = num  # the requested number of top candidates (-1: all)
+        self._num = -1 if every else num  # the requested number of top candidates (-1: all)
         self._offset = 0  # completions text_offset: cumulative token-string lengths
         self._ctx: list[int] = []  # the last sampled ids: context for split characters
+        self._as_ids = as_ids
+        self._every = every
 
     def _sampled(self, tid: int) -> None:
         ctx = self._ctx
@@ -117,6 +133,8 @@ class ChoiceLogprobs:
 
     def chat(self, token_ids: Sequence[int], rows: LogprobRows | None) -> msgspec.Raw:
         """The chat ``logprobs.content`` list of these tokens, as JSON."""
+        if self._as_ids or self._every:
+            return self._chat_plain(token_ids, rows)
         td = self._td
         table = td.json_table
         size = len(table)
@@ -191,6 +209,8 @@ class ChoiceLogprobs:
         limit = self._num
         frame = rows.frame
         width = rows.width
+        if self._as_ids or self._every:
+            return self.chat((tid,), rows)
         # count, not ``in ids[1:limit]``: no tuple to allocate (a recurrence past ``limit``
         # takes the general path needlessly, exactly all the same).
         if (frame is None or frame.width != width or not 0 < limit <= width
@@ -215,11 +235,75 @@ class ChoiceLogprobs:
             del ctx[0]
         return msgspec.Raw(js)
 
+    def _shown(self, tid: int) -> str:
+        """A token as a logprob entry shows it."""
+        if self._as_ids:
+            return token_id_text(tid)
+        return self._fix(tid, self._td.token_text(tid))
+
+    def _chat_plain(self, token_ids: Sequence[int], rows: LogprobRows | None) -> msgspec.Raw:
+        """``chat`` entry by entry: for ``as_ids`` (a candidate's bytes are then those of its
+        ``token_id:N`` text, as vLLM's) and ``every``."""
+        tb = self._td.token_bytes
+        out: list[dict[str, object]] = []
+        n_rows = 0 if rows is None else rows.num_tokens
+        for i, tid in enumerate(token_ids):
+            entry: dict[str, object] = {"token": self._shown(tid), "logprob": FLOOR,
+                                        "bytes": list(tb(tid)), "top_logprobs": []}
+            if rows is not None and i < n_rows:
+                width = rows.width
+                base = i * width
+                entry["logprob"] = clamp(rows.logprobs[base])
+                entry["top_logprobs"] = [
+                    {"token": self._shown(t), "logprob": clamp(lp),
+                     "bytes": list(token_id_text(t).encode() if self._as_ids else tb(t))}
+                    for t, lp, _ in _candidates(rows.token_ids, rows.logprobs, base, width,
+                                                self._num)]
+            out.append(entry)
+            self._sampled(tid)
+        return msgspec.Raw(msgspec.json.encode(out))
+
+    def completion_prompt(self, prompt_ids: Sequence[int], rows: LogprobRows | None
+                          ) -> CompletionLogprobs:
+        """An echoed prompt's entries, ahead of the completion's own: the first token has no
+        logprob, each next one its prompt-logprob row. Its split characters take the prompt's
+        tokens as context, not the sampled ones (vLLM keeps the two apart)."""
+        ctx, self._ctx = self._ctx, []
+        try:
+            head = self.completion(prompt_ids[:1], None)
+            rest = self.completion(prompt_ids[1:], rows)
+        finally:
+            self._ctx = ctx
+        return CompletionLogprobs(head.text_offset + rest.text_offset,
+                                  head.token_logprobs + rest.token_logprobs,
+                                  head.tokens + rest.tokens, head.top_logprobs + rest.top_logprobs)
+
+    def prompt_logprobs(self, rows: LogprobRows) -> list[dict[str, dict[str, object]] | None]:
+        """vLLM's ``prompt_logprobs`` field: None for the first prompt token, then per position
+        its token (the row's column 0, with its rank) and the top candidates (ranks 1..k), keyed
+        by token id. A candidate equal to the prompt token keeps its place and takes the later
+        column's values, as vLLM's dict does."""
+        out: list[dict[str, dict[str, object]] | None] = [None]
+        ids, lps, width = rows.token_ids, rows.logprobs, rows.width
+        for i in range(rows.num_tokens):
+            base = i * width
+            entry: dict[str, dict[str, object]] = {}
+            for col in range(width):
+                t = ids[base + col]
+                entry[str(t)] = {"logprob": clamp(lps[base + col]),
+                                 "rank": rows.sampled_ranks[i] if col == 0 else col,
+                                 "decoded_token": self._fix(t, self._td.token_text(t))}
+            out.append(entry)
+            self._sampled(ids[base])
+        return out
+
     def completion(self, token_ids: Sequence[int], rows: LogprobRows | None) -> CompletionLogprobs:
         text = self._td.token_text
         res = CompletionLogprobs([], [], [], [])
         limit = -1 if self._num < 0 else self._num + 1
-        fix = self._fix
+        fix: Callable[[int, str], str] = self._fix
+        if self._as_ids:
+            fix = _as_id
         n_rows = 0 if rows is None else rows.num_tokens
         for i, tid in enumerate(token_ids):
             tok = fix(tid, text(tid))

@@ -123,6 +123,10 @@ class ChatCompletionChunk(
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    # The first chunk of each choice: the prompt (return_token_ids) and its text
+    # (return_prompt_text).
+    prompt_token_ids: list[int] | None = None
+    prompt_text: str | None = None
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True, gc=False):
@@ -154,6 +158,11 @@ class ChatCompletion(
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    # vLLM's extensions: [None, {token id: {logprob, rank, decoded_token}}, ...]
+    prompt_logprobs: list[dict[str, dict[str, object]] | None] | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_text: str | None = None
+    kv_transfer_params: dict[str, object] | None = None
 
 
 # ---- completions ----
@@ -166,6 +175,10 @@ class CompletionChoice(msgspec.Struct, omit_defaults=True, gc=False):
     finish_reason: str | None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+    # Its prompt: the first chunk of an echoed or return_token_ids stream, a body's with
+    # return_token_ids; a body's prompt logprobs.
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[dict[str, dict[str, object]] | None] | None = None
 
 
 class Completion(
@@ -182,6 +195,7 @@ class Completion(
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    kv_transfer_params: dict[str, object] | None = None
 
 
 # ---- /inference/v1/generate (vLLM's token-in / token-out shapes) ----

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from output.detokenize import Detokenizer, TokenDecoder
+from output.interval import Interval
 from output.logprobs import ChoiceLogprobs
 from output.openai_types import (
     ChatChunkChoice,
@@ -29,6 +30,8 @@ from output.openai_types import (
     Chunk,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
+    DeltaToolCall,
     GenerateChoice,
     GenerateLogprobs,
     GenerateResponse,
@@ -95,9 +98,22 @@ class PipelineSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     return_token_ids: bool = False
     detokenize: bool = True
     output_mode: str = "tokens"  # generate only: "tokens" | "text"
-    echo: str | None = None  # completions: prompt text to prepend
+    # The text echoed ahead of a choice's own: completions the prompt (with its logprobs when
+    # asked, in the choice's first chunk), chat the last message (a chunk after the role's).
+    echo: str | None = None
     prompt_tail: tuple[int, ...] = ()  # last prompt tokens, seeding non-byte-level decoding
-    prompt_token_ids: list[int] | None = None  # generate with return_token_ids
+    # The prompt's token ids the client gets: generate and chat/completions with
+    # return_token_ids (completions also echo streams: the first chunk of each choice).
+    prompt_token_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None  # the prompt, when an echo shows its logprobs
+    prompt_text: str | None = None  # chat: the templated prompt (return_prompt_text)
+    prompt_logprobs: int | None = None  # a body's prompt logprobs: their top-k
+    echo_only: bool = False  # completions echo with max_tokens 0: the prompt and nothing else
+    tokens_as_ids: bool = False  # logprob tokens as "token_id:N" (return_tokens_as_token_ids)
+    logprobs_every: bool = False  # logprob_token_ids: every candidate of a row shown
+    usage_details: bool = False  # usage.prompt_tokens_details (--enable-prompt-tokens-details)
+    stream_interval: int = 1  # stream: a choice's chunks merged this many tokens at a time
+    role: str = "assistant"  # chat: the answer's role
 
 
 class _Choice:
@@ -129,6 +145,12 @@ class Pipeline:
     ):
         self.spec = spec
         self.cached_tokens: int | None = None
+        self.kv_transfer_params: dict[str, Any] | None = None  # from the engine's last output
+        self.prompt_rows: LogprobRows | None = None  # the prompt's logprobs, as the engine sent
+        self._prompt_rows_from = 0  # the choice whose engine request sent them
+        self._decoder = decoder
+        self._interval = (Interval(spec.stream_interval, spec.n) if spec.stream_interval > 1
+                          else None)
         needs_text = spec.kind != GENERATE or spec.output_mode == "text"
         detok = spec.detokenize and (needs_text or bool(spec.stop))
         if spec.kind != CHAT:
@@ -142,7 +164,9 @@ class Pipeline:
                 StopChecker(spec.stop if detok else (),
                             include_in_output=spec.include_stop_str_in_output,
                             min_tokens=spec.min_tokens),
-                ChoiceLogprobs(decoder, spec.logprobs) if spec.logprobs is not None else None,
+                ChoiceLogprobs(decoder, spec.logprobs, as_ids=spec.tokens_as_ids,
+                               every=spec.logprobs_every)
+                if spec.logprobs is not None else None,
                 parsers(i) if parsers is not None else None,
             )
             for i in range(spec.n)
@@ -156,11 +180,12 @@ class Pipeline:
         # Plain chat (no parser, usage or ids per chunk) has a per-token fast path, with
         # logprobs or without.
         plain = (spec.kind == CHAT and detok and parsers is None and not spec.continuous_usage
-                 and not spec.return_token_ids)
+                 and not spec.return_token_ids and self._interval is None)
         self._fast = plain and spec.logprobs is None
         self._fast_lp = plain and spec.logprobs is not None
         self._fast_cmpl = (spec.kind == COMPLETION and detok and spec.logprobs is None
-                           and not spec.continuous_usage and not spec.return_token_ids)
+                           and not spec.continuous_usage and not spec.return_token_ids
+                           and self._interval is None)
 
     @property
     def done(self) -> bool:
@@ -185,27 +210,35 @@ class Pipeline:
         else:
             completion = self._choices[index].tokens
         details = None
-        if self.cached_tokens is not None:
+        if self.cached_tokens is not None and spec.usage_details:
             details = PromptTokensDetails(cached_tokens=self.cached_tokens)
         return Usage(spec.prompt_tokens, spec.prompt_tokens + completion, completion, details)
 
+    def prompt_logprobs(self, index: int = 0) -> list[dict[str, dict[str, object]] | None] | None:
+        """vLLM's ``prompt_logprobs`` field of a body (choice ``index``'s prompt: this one)."""
+        if self.spec.prompt_logprobs is None or self.prompt_rows is None:
+            return None
+        return ChoiceLogprobs(self._decoder, self.spec.prompt_logprobs).prompt_logprobs(
+            self.prompt_rows)
+
     def start(self) -> list[Chunk]:
-        """Chunks sent before any engine output: chat roles, completion echo."""
+        """Chunks sent before any engine output: chat's role (with the prompt's ids and text
+        when asked) and echoed last message, per choice."""
         spec = self.spec
         usage = self.usage(0) if spec.continuous_usage else None
-        if spec.kind == CHAT:
-            return [
-                self._chat_chunk(ChatChunkChoice(i, ChatDelta(role="assistant", content=""),
-                                                 None, None), usage)
-                for i in range(spec.n)
-            ]
-        if spec.kind == COMPLETION and spec.echo:
-            return [
-                Completion(id=spec.request_id, created=spec.created, model=spec.model,
-                           choices=[CompletionChoice(i, spec.echo, None, None)], usage=usage)
-                for i in range(spec.n)
-            ]
-        return []
+        if spec.kind != CHAT:
+            return []
+        out: list[Chunk] = [
+            ChatCompletionChunk(spec.request_id, spec.created, spec.model, [
+                ChatChunkChoice(i, ChatDelta(role=spec.role, content=""), None, None)],
+                usage, spec.prompt_token_ids, spec.prompt_text)
+            for i in range(spec.n)
+        ]
+        if spec.echo:
+            out += [self._chat_chunk(ChatChunkChoice(i, ChatDelta(content=spec.echo), None, None),
+                                     usage)
+                    for i in range(spec.n)]
+        return out
 
     def end(self) -> list[Chunk]:
         """Chunks after every choice finished: the usage chunk if the client asked for it."""
@@ -307,15 +340,28 @@ class Pipeline:
 
     def _feed(self, choice: _Choice, index: int, out: EngineCoreOutput
               ) -> tuple[Chunk | None, bool]:
-        """Any engine output: errors, the first and last ones, several tokens, n > 1."""
+        """Any engine output: errors, the first and last ones, several tokens, n > 1; merged
+        ``stream_interval`` tokens at a time when asked."""
+        chunk, abort = self._feed_one(choice, index, out)
+        if self._interval is not None:
+            chunk = self._interval.push(index, chunk, choice.tokens, choice.finished)
+        return chunk, abort
+
+    def _feed_one(self, choice: _Choice, index: int, out: EngineCoreOutput
+                  ) -> tuple[Chunk | None, bool]:
         if choice.finished:
             return None, False  # e.g. the engine's last step raced our stop-string abort
+        first = choice.fresh
         choice.fresh = False
         engine_finish = out.finish_reason
         if out.error is not None or engine_finish == FinishReason.ERROR:
             raise _engine_error(out)
         if out.prefill_stats is not None and self.cached_tokens is None:
             self._note_prefill(out.prefill_stats)
+        if out.new_prompt_logprobs_tensors is not None:
+            self._add_prompt_rows(index, rows_of(out.new_prompt_logprobs_tensors))
+        if out.kv_transfer_params is not None:
+            self.kv_transfer_params = out.kv_transfer_params
         ids = out.new_token_ids
         finish: str | None = None
         stop_reason = out.stop_reason
@@ -358,15 +404,51 @@ class Pipeline:
         if spec.kind == CHAT:
             return self._chat(index, choice, out, ids, text, finish, stop_reason), abort
         if spec.kind == COMPLETION:
-            lp = choice.logprobs
-            choice_obj = CompletionChoice(
-                index, text,
-                lp.completion(ids, _rows(out)) if lp is not None else None,
-                finish, stop_reason, list(ids) if spec.return_token_ids else None)
-            usage = self.usage(index) if spec.continuous_usage else None
-            return Completion(id=spec.request_id, created=spec.created, model=spec.model,
-                              choices=[choice_obj], usage=usage), abort
+            return self._completion(index, choice, out, ids, text, finish, stop_reason,
+                                    first), abort
         return self._generate(index, choice, out, ids, text, finish, stop_reason), abort
+
+    def _completion(
+        self, index: int, choice: _Choice, out: EngineCoreOutput, ids: Sequence[int],
+        text: str, finish: str | None, stop_reason: int | str | None, first: bool,
+    ) -> Completion:
+        """A completions chunk; a choice's first one echoes the prompt (its text, its logprobs
+        ahead of the completion's) and carries its ids, as vLLM's stream does."""
+        spec = self.spec
+        lp = choice.logprobs
+        logprobs: CompletionLogprobs | None = None
+        prompt_ids = None
+        if first and spec.echo is not None:
+            if lp is not None:
+                logprobs = lp.completion_prompt(spec.prompt_ids or [], self.prompt_rows)
+            if spec.echo_only:
+                text = spec.echo
+            else:
+                text = spec.echo + text
+        if lp is not None and not (first and spec.echo_only):
+            own = lp.completion(ids, _rows(out))
+            logprobs = own if logprobs is None else _joined(logprobs, own)
+        if first and (spec.echo is not None or spec.return_token_ids):
+            prompt_ids = spec.prompt_token_ids
+        choice_obj = CompletionChoice(index, text, logprobs, finish, stop_reason,
+                                      list(ids) if spec.return_token_ids else None, prompt_ids)
+        usage = self.usage(index) if spec.continuous_usage else None
+        return Completion(id=spec.request_id, created=spec.created, model=spec.model,
+                          choices=[choice_obj], usage=usage)
+
+    def _add_prompt_rows(self, index: int, rows: LogprobRows) -> None:
+        """The prompt's logprob rows, in the order the engine sends them (a prompt prefilled
+        in chunks comes in several), from one choice (with n > 1 every choice's request sends
+        the same)."""
+        held = self.prompt_rows
+        if held is None:
+            self.prompt_rows, self._prompt_rows_from = rows, index
+            return
+        if index != self._prompt_rows_from:
+            return
+        self.prompt_rows = LogprobRows([*held.token_ids, *rows.token_ids],
+                                       [*held.logprobs, *rows.logprobs],
+                                       [*held.sampled_ranks, *rows.sampled_ranks], held.width)
 
     def _note_prefill(self, prefill_stats: dict[str, Any]) -> None:
         cached = prefill_stats.get("num_cached_tokens")
@@ -433,7 +515,8 @@ class Pipeline:
 
 def _engine_error(out: EngineCoreOutput) -> EngineOutputError:
     if out.error is not None:
-        return EngineOutputError(out.error.message)
+        code = out.error.code
+        return EngineOutputError(out.error.message, code if 400 <= code < 600 else 500)
     return EngineOutputError("The engine failed while generating this request.")
 
 
@@ -445,6 +528,11 @@ def _add_tail(pieces: list[str], detok: Detokenizer) -> None:
             pieces[-1] += tail
         else:
             pieces.append(tail)
+
+
+def _joined(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(a.text_offset + b.text_offset, a.token_logprobs + b.token_logprobs,
+                              a.tokens + b.tokens, a.top_logprobs + b.top_logprobs)
 
 
 def _rows(out: EngineCoreOutput) -> LogprobRows | None:

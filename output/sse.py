@@ -143,6 +143,19 @@ async def sse_stream(
     yield b"".join(pending)
 
 
+class RefusedStream:
+    """An ASGI app: the 200 stream vLLM answers a request its input processor refuses, as
+    vLLM's streamed answer has started by then: the error's event, then ``[DONE]``."""
+
+    def __init__(self, error: APIError) -> None:
+        self.error = error
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": list(SSE_HEADERS)})
+        await send({"type": "http.response.body", "body": sse_event(self.error) + DONE,
+                    "more_body": False})
+
+
 class SSEResponse:
     """An ASGI app streaming ``body``; calls ``on_disconnect`` if the client leaves first, and
     ``on_overflow`` if it stops reading while ``backlog`` grows past its limit (the stream is

@@ -359,6 +359,17 @@ class PrefixIndex:
         self._optimistic.add(unheld, eng.index, now + ttl)
         return len(unheld)
 
+    def forget_routed(self, engine: str, tokens: Sequence[int], namespace: Hashable) -> None:
+        """Drop ``engine``'s optimistic blocks for a prompt routed there that will not run (the
+        engine refused it, or it failed before the prefill): nothing will confirm them. Blocks
+        the engine announced stay; an unknown engine is ignored (it left meanwhile)."""
+        eng = self._engines.get(engine)
+        if eng is None or eng.block_size is None:
+            return
+        prompt = self.prepare(tokens, namespace)
+        n = prompt.blocks(eng.block_size)
+        self._optimistic.discard_many(prompt.keys(eng.block_size, n)[:n], eng.index)
+
     def match(self, tokens: Sequence[int], namespace: Hashable, now: float) -> dict[str, Match]:
         """Per engine, the leading prompt tokens cached: confirmed, and confirmed plus unexpired
         optimistic.  Renews, for the LRU, the stored runs of the blocks matched (confirmed)."""

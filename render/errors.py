@@ -11,14 +11,20 @@ from serving.errors import APIError as RenderError
 from serving.errors import (
     BadRequestError,
     ContextLengthError,
+    InputProcessorError,
     ModelNotFoundError,
+    TemplateLimitError,
     TemplateUnavailableError,
+    vllm_message,
 )
 
 __all__ = [
     "BadRequestError",
     "ContextLengthError",
+    "InputProcessorError",
     "ModelNotFoundError",
     "RenderError",
+    "TemplateLimitError",
     "TemplateUnavailableError",
+    "vllm_message",
 ]

@@ -1,7 +1,8 @@
 """OpenAI/vLLM request fields -> ``wire.sampling.SamplingParams``, as vLLM's frontend builds them.
 
-Follows vLLM 0.32: ``get_max_tokens`` (max_tokens defaults to the remaining context, and may not
-exceed it), ``ChatCompletionRequest/CompletionRequest.to_sampling_params`` (request value, else the
+Follows vLLM 0.32: ``TokenizeParams`` (context checks), ``get_max_tokens`` (max_tokens defaults to
+the remaining context, and is cut to it),
+``ChatCompletionRequest/CompletionRequest.to_sampling_params`` (request value, else the
 model's generation_config default, else OpenAI's), ``SamplingParams.__post_init__`` (range checks,
 stop as a list, greedy resets) and the engine-side ``update_from_generation_config`` that fills
 ``_eos_token_id``/``_all_stop_token_ids``/``stop_token_ids``: an engine fed our map stops where
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from render.errors import BadRequestError, ContextLengthError
+from render.errors import BadRequestError, ContextLengthError, vllm_message
 from render.protocol import ChatCompletionRequest, CompletionRequest
 from render.sampling_checks import DEFAULT_LIMITS, SAMPLING_EPS, RequestLimits, check_sampling
 from wire.sampling import (
@@ -59,28 +60,43 @@ def default_sampling_params(generation_config: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def max_tokens_for(
-    max_model_len: int,
-    requested: int | None,
-    prompt_len: int,
-    defaults: dict[str, Any],
-    param: str,
-) -> int:
-    """vLLM's ``get_max_tokens``; asking beyond the context is an error naming both numbers."""
-    if prompt_len > max_model_len:
-        raise ContextLengthError(
-            f"The prompt is {prompt_len} tokens long, which exceeds this model's maximum "
-            f"context length of {max_model_len} tokens.",
-            "messages" if param == "max_completion_tokens" else "prompt",
-        )
+def check_context(max_model_len: int, requested: int | None, param: str,
+                  truncate_prompt_tokens: int | None) -> None:
+    """vLLM's ``TokenizeParams`` checks, made before the prompt is tokenized: neither the output
+    budget nor the truncation may exceed the context."""
+    if requested is not None and requested > max_model_len:
+        raise ContextLengthError(vllm_message(
+            f"{param}={requested} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.", param, requested), param)
+    keep = truncate_prompt_tokens
+    if keep is not None and keep > max_model_len:
+        raise ContextLengthError(vllm_message(
+            f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = "
+            f"{max_model_len}. Please request a smaller truncation size.",
+            "truncate_prompt_tokens", keep), "truncate_prompt_tokens")
+
+
+def check_prompt_len(max_model_len: int, prompt_len: int, from_text: bool) -> None:
+    """vLLM's ``_token_len_check``. vLLM tokenizes text with ``max_length = max_model_len + 1``
+    (a prompt past the context is not tokenized whole), so a text prompt's count stops there:
+    the message then says "at least"."""
+    if prompt_len <= max_model_len:
+        return
+    count = min(prompt_len, max_model_len + 1) if from_text else prompt_len
+    qualifier = "at least " if count == max_model_len + 1 else ""
+    raise ContextLengthError(vllm_message(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains {qualifier}{count} input tokens, which exceeds this limit even without any "
+        "output tokens. Please reduce the length of the input prompt.", "input_tokens", count),
+        "input_tokens")
+
+
+def max_tokens_for(max_model_len: int, requested: int | None, prompt_len: int,
+                   defaults: dict[str, Any]) -> int:
+    """vLLM's ``get_max_tokens``: the request's (or the model's default) output budget, never
+    past the room the prompt leaves in the context (asking for more is no error: generation
+    stops at the context's end). 0 when the prompt fills the context (SamplingParams refuses)."""
     remaining = max_model_len - prompt_len
-    if requested is not None and requested > remaining:
-        raise ContextLengthError(
-            f"'{param}' is too large: {requested}. This model's maximum context length is "
-            f"{max_model_len} tokens and your request has {prompt_len} input tokens "
-            f"({requested} > {max_model_len} - {prompt_len}).",
-            param,
-        )
     fallback = requested if requested is not None else defaults.get("max_tokens")
     return min(v for v in (remaining, fallback) if v is not None)
 
@@ -96,11 +112,9 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
         except ValueError:
             invalid.append(key)
     if invalid:
-        raise BadRequestError(
+        raise BadRequestError(vllm_message(
             f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
-            f"{invalid!r}",
-            "logit_bias",
-        )
+            f"{invalid!r}", "logit_bias", invalid), "logit_bias")
     return out
 
 
@@ -157,13 +171,12 @@ def build_sampling_params(
         bad_words=list(dict.fromkeys(req.bad_words or [])),
         skip_clone=True,
         repetition_detection=req.repetition_detection,
-        thinking_token_budget=req.thinking_token_budget,
+        # -1 is unlimited: no budget (vLLM's validate_thinking_token_budget).
+        thinking_token_budget=(None if req.thinking_token_budget == -1
+                               else req.thinking_token_budget),
         routed_experts_prompt_start=req.routed_experts_prompt_start,
     )
     check_sampling(sp, limits=limits)
-    if req.stream_options is not None and not req.stream:
-        raise BadRequestError("Stream options can only be defined when `stream=True`.",
-                              "stream_options")
     _post_init(sp)
     _fill_stop_ids(sp, generation_config, eos_token_id)
     return sp
@@ -173,19 +186,11 @@ def _logprob_fields(req: ChatCompletionRequest | CompletionRequest, max_tokens: 
                     ) -> tuple[int | None, int | None, int]:
     """(logprobs, prompt_logprobs, max_tokens) as chat and completions requests name them."""
     if isinstance(req, ChatCompletionRequest):
-        if req.logprob_token_ids and not req.logprobs:
-            raise BadRequestError(
-                "when using `logprob_token_ids`, `logprobs` must be set to true.",
-                "logprob_token_ids",
-            )
-        if req.top_logprobs and not req.logprobs:
-            raise BadRequestError(
-                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
-            )
-        logprobs = req.top_logprobs if req.logprobs and not req.logprob_token_ids else None
+        top = req.top_logprobs or 0  # null is 0 (vLLM's TopLogprobsParam)
+        logprobs = top if req.logprobs and not req.logprob_token_ids else None
         prompt_logprobs = req.prompt_logprobs
         if prompt_logprobs is None and req.echo:
-            prompt_logprobs = req.top_logprobs
+            prompt_logprobs = top
         return logprobs, prompt_logprobs, max_tokens
     logprobs = None if req.logprob_token_ids else req.logprobs
     prompt_logprobs = req.prompt_logprobs

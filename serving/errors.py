@@ -4,12 +4,16 @@
      ├── BadRequestError          400 BadRequestError           bad fields, template refusals
      │    ├── ContextLengthError                                prompt/max_tokens past the context
      │    ├── TemplateUnavailableError                          no chat template / not allowed
-     │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = path
+     │    ├── InputProcessorError                               refused as the engine takes it
+     │    ├── InvalidUserInputError 400 InvalidUserInput        a LoRA load/unload vLLM refuses
+     │    ├── TemplateLimitError                                a request's template over its limits
+     │    └── InvalidJSONError    400 Bad Request               bad JSON or schema; param = its path
      ├── AuthenticationError      401 AuthenticationError       missing or wrong API key
      ├── NotFoundError            404 NotFoundError             unknown path
      │    └── ModelNotFoundError                                unknown `model` (param "model")
      ├── BodyTooLarge             413 Request Entity Too Large  body over the limit
      ├── ClientGoneError          499 (no body)                 the client left before its answer
+     ├── EngineRefusedError       the engine's 4xx              an HTTP engine refused the input
      ├── OverloadedError          429 RateLimitError            the router's queue is full
      │                            503 ServiceUnavailable        no slot in time / no engine
      ├── ServiceUnavailableError  503 ServiceUnavailable        (retry-after: 1)
@@ -19,7 +23,7 @@
      │         ├── EngineUnavailableError   unknown, not (yet) connected, client closed
      │         └── UtilityCallError         a utility call answered with a failure
      └── InternalServerError      500 InternalServerError       a bug, or the engine's report
-          └── EngineOutputError   its code                      the engine failed this request
+          └── EngineOutputError   its code (4xx: BadRequestError)  the engine failed the request
 
 ``error_body(exc)`` turns any exception into ``{"error": {"message", "type", "param", "code"}}``
 (vLLM's ``ErrorResponse(error=ErrorInfo(...))``); one that is not an ``APIError`` is read by
@@ -42,6 +46,7 @@ import msgspec
 _ENCODER = msgspec.json.Encoder()
 # msgspec ends its messages with " - at `$.messages[0].role`".
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_INDEX = re.compile(r"\[(\d+)\]")
 
 
 class ErrorInfo(TypedDict):
@@ -97,12 +102,47 @@ class BadRequestError(APIError):
         super().__init__(400, message, "BadRequestError", param)
 
 
+def vllm_message(message: str, parameter: str | None = None, value: object = None) -> str:
+    """``message`` as vLLM's ``VLLMValidationError`` words it: the parameter and the value it
+    refused appended (``... (parameter=top_p, value=0.0)``), when it names them."""
+    extras = []
+    if parameter is not None:
+        extras.append(f"parameter={parameter}")
+    if value is not None:
+        extras.append(f"value={value}")
+    return f"{message} ({', '.join(extras)})" if extras else message
+
+
 class ContextLengthError(BadRequestError):
     """The prompt, or the prompt plus max_tokens, does not fit in the model's context."""
 
 
+class InputProcessorError(BadRequestError):
+    """Refused by the checks vLLM runs as it hands a request to its engine (its input processor:
+    ``SamplingParams.verify``, the prompt's token ids). vLLM's streamed answer has started by
+    then, so a streamed request gets this as an SSE error event after a 200; anything else as
+    a 400."""
+
+
 class TemplateUnavailableError(BadRequestError):
     """No chat template for this model, or a request template the operator did not allow."""
+
+
+class InvalidUserInputError(BadRequestError):
+    """A LoRA adapter load or unload vLLM refuses (its error type for those)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.type = "InvalidUserInput"
+
+
+class TemplateLimitError(BadRequestError):
+    """A request's own chat template took more time or memory than its render may; ``limit``
+    says which: "time", "memory", or "ended" (its render process ended)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message, "chat_template")
+        self.limit = limit
 
 
 class InvalidJSONError(BadRequestError):
@@ -155,6 +195,12 @@ class ClientGoneError(APIError):
 
     def __init__(self, message: str = "The client disconnected.") -> None:
         super().__init__(499, message, "ClientClosedRequest")
+
+
+class EngineRefusedError(APIError):
+    """An HTTP engine (a `vllm serve` pod) refused the request as the client's error: its 4xx
+    status, error type, message and parameter go to the client as they came; never retried on
+    another engine (it would refuse the same input)."""
 
 
 class OverloadedError(APIError):
@@ -212,10 +258,14 @@ class InternalServerError(APIError):
 
 
 class EngineOutputError(InternalServerError):
-    """The engine reported a failed request (finish_reason ERROR or an attached error)."""
+    """The engine reported a failed request (finish_reason ERROR or an attached error). Its
+    code is the engine's: a 4xx is the request's fault (the engine refused its input), typed
+    as vLLM types a bad request; else a 500."""
 
     def __init__(self, message: str, code: int = 500) -> None:
         super().__init__(message, code)
+        if 400 <= code < 500:
+            self.type = "BadRequestError"
 
     @property
     def code(self) -> int:
@@ -229,8 +279,18 @@ def api_error(exc: BaseException) -> APIError:
     if isinstance(exc, msgspec.DecodeError):  # ValidationError included
         message = str(exc)
         m = _PATH.search(message)
-        return InvalidJSONError(message, (m.group(1) or None) if m else None)
+        if m is not None:
+            return InvalidJSONError(message, _body_param(m.group(1)))
+        # A document that is no request object at all: vLLM's "body" (bad JSON names none).
+        valid_json = isinstance(exc, msgspec.ValidationError)
+        return InvalidJSONError(message, "body" if valid_json else None)
     return InternalServerError(f"Internal error: {type(exc).__name__}: {exc}")
+
+
+def _body_param(path: str) -> str:
+    """msgspec's path of a field (``messages[0].role``) as vLLM names it for a request that
+    fails validation (``body.messages.0.role``; the body itself: ``body``)."""
+    return "body" + ("." + _INDEX.sub(r".\1", path) if path else "")
 
 
 def error_body(exc: BaseException) -> ErrorBody:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,6 +19,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 )
+
+
+class HelperMetrics(NamedTuple):
+    """One pool of helper processes' metrics (this worker's children)."""
+
+    ready: Any
+    renders: Any
+    in_flight: Any
+    restarts: Any
 
 
 class RenderMetrics:
@@ -42,28 +51,39 @@ class RenderMetrics:
             "kvroute_render_prompt_tokens", "Prompt tokens rendered", ["model", "worker"],
             registry=self.registry,
         )
-        # render/service/offload.py: the helper processes rendering big bodies.
-        self.helpers_ready = Gauge(
-            "kvroute_render_helpers_ready", "Render helper processes with their models loaded",
-            ["worker"], registry=self.registry,
-        )
-        self.helper_renders = Counter(
-            "kvroute_render_helper_renders", "Requests rendered in a helper process (errors too)",
-            ["worker"], registry=self.registry,
-        )
-        self.helper_in_flight = Gauge(
-            "kvroute_render_helper_in_flight", "Requests handed to a helper process, not back yet",
-            ["worker"], registry=self.registry,
-        )
-        self.helper_restarts = Counter(
-            "kvroute_render_helper_restarts", "Helper pools respawned after a helper process died",
-            ["worker"], registry=self.registry,
+        # render/service/offload.py: the helper processes rendering big bodies, and those
+        # rendering requests' own chat templates under limits (render/service/sandbox.py).
+        self.helpers = self._helper_metrics(
+            ("kvroute_render_helpers_ready", "kvroute_render_helper_renders",
+             "kvroute_render_helper_in_flight", "kvroute_render_helper_restarts"), "render helper")
+        self.template_helpers = self._helper_metrics(
+            ("kvroute_render_template_helpers_ready", "kvroute_render_template_renders",
+             "kvroute_render_template_in_flight", "kvroute_render_template_helper_restarts"),
+            "template helper")
+        self.template_limits = Counter(
+            "kvroute_render_template_limits",
+            "Request chat templates refused for exceeding a limit (time, memory, process ended)",
+            ["limit", "worker"], registry=self.registry,
         )
         # Labelled children by label values: ``labels()`` takes a lock and builds a key on each
         # call, three times per request. Both key sets are bounded (known routes, HTTP statuses,
         # served models).
         self._done: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._tokens: dict[str, Any] = {}
+
+    def _helper_metrics(self, names: tuple[str, str, str, str], what: str) -> HelperMetrics:
+        ready, renders, in_flight, restarts = names
+        w = self.worker
+        return HelperMetrics(
+            Gauge(ready, f"{what} processes with their models loaded", ["worker"],
+                  registry=self.registry).labels(w),
+            Counter(renders, f"Requests rendered in a {what} process (errors too)", ["worker"],
+                    registry=self.registry).labels(w),
+            Gauge(in_flight, f"Requests handed to a {what} process, not back yet", ["worker"],
+                  registry=self.registry).labels(w),
+            Counter(restarts, f"{what} pools respawned after a process died", ["worker"],
+                    registry=self.registry).labels(w),
+        )
 
     def route_label(self, path: str) -> str:
         return path if path in self.routes else "other"

@@ -22,7 +22,7 @@ FRONTEND_GONE_TIMEOUT_S = 120.0
 DEFAULT_NUM_GPU_BLOCKS = 2048
 # The library's (and `--vocab-size` mode's) context length; with a model the CLI takes its own.
 DEFAULT_MAX_MODEL_LEN = 4096
-OUTPUTS = ("echo", "random")
+OUTPUTS = ("echo", "random", "markov")
 
 
 class KVEventsConfig(msgspec.Struct, omit_defaults=False, gc=False):
@@ -45,10 +45,26 @@ class KVEventsConfig(msgspec.Struct, omit_defaults=False, gc=False):
 
 
 @dataclass(frozen=True)
-class SimConfig:
-    """Everything a SimEngine needs; ``tokens`` may be shared by engines in one process."""
+class HttpFaceConfig:
+    """The engine's HTTP face, as `vllm serve --enable-scale-out` is started."""
 
-    handshake_address: str
+    model_dir: Path  # tokenizer and chat template for /v1/* and detokenized output
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (printed once listening)
+    # vLLM's --enable-prompt-tokens-details: usage reports the prompt's cached tokens.
+    enable_prompt_tokens_details: bool = False
+    # vLLM's --timeout-keep-alive (uvicorn's default there: 5 s).
+    keep_alive_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything a SimEngine needs; ``tokens`` may be shared by engines in one process.
+
+    ``handshake_address`` None: no ZMQ frontend (an engine behind its HTTP face only)."""
+
+    handshake_address: str | None
     tokens: TokenTable
     data_parallel_rank: int = 0
     block_size: int = 16
@@ -67,10 +83,19 @@ class SimConfig:
     vllm_version: str = SIM_VLLM_VERSION
     dtype: str = "bfloat16"
     # "echo": the prompt's last line after a "(simulated)" mark (needs a tokenizer, else random);
-    # "random": words drawn by the request's key (tokens.py).
+    # "random": words drawn by the request's key; "markov": each word a hash of the ones before
+    # it, so a request continued from its own output goes on alike (tokens.py).
     output: str = "echo"
     # Seconds after the frontend disconnected before the engine exits on its own (0: never).
     frontend_gone_timeout: float = FRONTEND_GONE_TIMEOUT_S
+    # LoRA, as vllm serve's --enable-lora, --max-loras (adapters in one batch), --max-lora-rank
+    # and --max-cpu-loras (adapters kept loaded; None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    # The HTTP face (sim/http/): `vllm serve`'s endpoints on this port (None: no face).
+    http: HttpFaceConfig | None = None
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
@@ -93,6 +118,14 @@ class SimConfig:
             raise ValueError("step times must be >= 0")
         if not 0.0 <= self.eos_prob <= 1.0:
             raise ValueError("eos_prob must be in [0, 1]")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be >= 1")
+        if self.max_cpu_loras is None:
+            object.__setattr__(self, "max_cpu_loras", self.max_loras)
+        elif self.max_cpu_loras < self.max_loras:
+            # vLLM's LoRAConfig check, worded as vLLM words it.
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras}).")
 
     @property
     def identity(self) -> bytes:
@@ -122,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fe = p.add_argument_group("frontend (the router's handshake, as vllm serve --headless)")
     fe.add_argument("--data-parallel-address", default="127.0.0.1")
-    fe.add_argument("--data-parallel-rpc-port", type=int, default=13345)
+    fe.add_argument("--data-parallel-rpc-port", type=int, default=None,
+                    help="default 13345 (with --port alone: no ZMQ frontend)")
     fe.add_argument("--handshake-address", help="full zmq URL; overrides address and port")
     fe.add_argument("--data-parallel-rank", type=int, default=0)
     fe.add_argument("--handshake-timeout", type=float, default=HANDSHAKE_TIMEOUT_S)
@@ -130,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exit when the frontend has been disconnected this many seconds "
                          "(0: wait for it forever)")
     fe.add_argument("--headless", action="store_true", help="accepted for vllm serve parity")
+    http = p.add_argument_group("HTTP face (as `vllm serve --enable-scale-out`: /inference/v1/"
+                                "generate, /v1/completions, /v1/chat/completions, /metrics, ...)")
+    http.add_argument("--port", type=int, default=None,
+                      help="serve the HTTP face on this port (0: any free one; printed); "
+                           "without --data-parallel-rpc-port or --handshake-address the engine "
+                           "has no ZMQ frontend")
+    http.add_argument("--host", default="127.0.0.1", help="the HTTP face's address")
+    http.add_argument("--served-model-name", help="the model name the face answers to")
+    http.add_argument("--enable-prompt-tokens-details", action="store_true",
+                      help="usage reports the prompt's cached tokens (as vllm serve's flag)")
+    http.add_argument("--timeout-keep-alive", type=float, default=5.0,
+                      help="seconds an idle keep-alive connection stays open (vLLM's default 5)")
     model = p.add_argument_group("model and output")
     model.add_argument(
         "--model",
@@ -143,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--output", choices=OUTPUTS, default="echo",
                        help="echo (default): answers repeat the prompt's last line after a "
                             "'(simulated)' mark; random: words drawn per request (vLLM's seed "
-                            "rules)")
+                            "rules); markov: each word a hash of the words before it (a request "
+                            "resumed from its own output continues alike)")
     model.add_argument("--eos-token-id", type=int, action="append", default=None)
     model.add_argument("--eos-prob", type=float, default=0.0,
                        help="chance per step (after min_tokens) of emitting the request's EOS id")
@@ -158,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "config.json, as the router derives it; 4096 with --vocab-size)")
     limits.add_argument("--max-num-seqs", type=int, default=256)
     limits.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    lora = p.add_argument_group("LoRA (as vllm serve)")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="serve LoRA adapters: add_lora/remove_lora/list_loras/pin_lora, and "
+                           "requests naming one (loaded from its path on first use)")
+    lora.add_argument("--max-loras", type=int, default=1,
+                      help="most distinct adapters in one step's batch")
+    lora.add_argument("--max-lora-rank", type=int, default=16,
+                      help="adapters of a higher rank are refused")
+    lora.add_argument("--max-cpu-loras", type=int, default=None,
+                      help="adapters kept loaded, least recently used out (default --max-loras)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--step-time", type=float, default=0.01, help="seconds per decode step")
     timing.add_argument("--prefill-time-per-token", type=float, default=2e-5,
@@ -173,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(ns: argparse.Namespace) -> SimConfig:
     max_model_len = ns.max_model_len
+    http: HttpFaceConfig | None = None
     if ns.vocab_size is not None:
         eos = tuple(ns.eos_token_id or ())
         tokens = TokenTable.from_vocab_size(ns.vocab_size, eos)
@@ -181,6 +239,10 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         from render.hub import resolve_model
 
         model = resolve_model(ns.model, ns.revision) if ns.model else EMBEDDED_MODEL
+        if ns.port is not None:
+            http = HttpFaceConfig(model, ns.served_model_name or ns.model or model.name,
+                                  ns.host, ns.port, ns.enable_prompt_tokens_details,
+                                  ns.timeout_keep_alive)
         tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))
@@ -191,9 +253,13 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         if ns.kv_events_config
         else KVEventsConfig()
     )
-    address = (
-        ns.handshake_address or f"tcp://{ns.data_parallel_address}:{ns.data_parallel_rpc_port}"
-    )
+    if ns.port is not None and ns.vocab_size is not None:
+        raise ValueError("the HTTP face (--port) needs a tokenizer: give --model, not "
+                         "--vocab-size")
+    address: str | None = ns.handshake_address or None
+    if address is None and (ns.port is None or ns.data_parallel_rpc_port is not None
+                            or ns.headless):
+        address = f"tcp://{ns.data_parallel_address}:{ns.data_parallel_rpc_port or 13345}"
     return SimConfig(
         handshake_address=address,
         tokens=tokens,
@@ -213,4 +279,9 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         handshake_timeout=ns.handshake_timeout,
         output=ns.output,
         frontend_gone_timeout=ns.frontend_gone_timeout,
+        enable_lora=ns.enable_lora,
+        max_loras=ns.max_loras,
+        max_lora_rank=ns.max_lora_rank,
+        max_cpu_loras=ns.max_cpu_loras,
+        http=http,
     )

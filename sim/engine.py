@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -24,17 +27,20 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from sim.config import SimConfig
+from sim.histogram import LATENCY_BUCKETS, TTFT_BUCKETS, Histogram
 from sim.kv_publisher import KVEventPublisher
+from sim.lora import NOT_ENABLED, LoRAError, worker_failure
 from sim.protocol import (
     EngineSockets,
     complete_handshake,
     connect_handshake,
     connect_io,
+    drain_signal_fd,
     receive_addresses,
 )
 from sim.request import SimRequest
 from sim.scheduler import Scheduler, StepPlan
-from sim.tokens import request_key
+from sim.tokens import markov_key, request_key
 from wire.engine import (
     ENGINE_CORE_DEAD,
     REQ_ABORT,
@@ -43,11 +49,14 @@ from wire.engine import (
     REQ_START_DP_WAVE,
     REQ_UTILITY,
     REQ_WAKEUP,
+    EngineCoreEvent,
+    EngineCoreEventType,
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineError,
     FinishReason,
+    LoRARequest,
     UtilityOutput,
     enc_hook,
     ext_hook,
@@ -58,6 +67,28 @@ log = logging.getLogger(__name__)
 
 # Bound the input drained between two step checks, so a flood of requests cannot stall a step.
 _MAX_DRAIN = 4096
+LORA_UTILITIES = frozenset({"add_lora", "remove_lora", "pin_lora", "list_loras"})
+# The client_index of requests from the engine's own HTTP face (sim/http/): its outputs go to
+# the face's inproc socket, not to a handshaken frontend's.
+FACE_CLIENT = 0xFFFF
+
+
+@dataclass
+class EngineTotals:
+    """What the HTTP face's /metrics reports, kept by the engine thread after every step
+    (plain numbers: the face's thread reads them as they are)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    # From the engine's QUEUED / SCHEDULED stamps: waiting before the first schedule, and the
+    # time to the first token as the engine sees it (from its receipt of the request).
+    queue_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
 
 
 class OutputEncoder:
@@ -85,8 +116,11 @@ class OutputEncoder:
 class SimEngine:
     """Run with ``run()`` (blocking: handshake, then serve until ``stop()``)."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, signal_fd: socket.socket | None = None) -> None:
         self.config = config
+        # The process's signal wakeup socket (set by ``kvroute sim-engine``), polled beside the
+        # wake socket: a signal taken by another thread must still end a blocking poll.
+        self._signal_fd = signal_fd
         self.ready = threading.Event()
         self.error: BaseException | None = None
         self.scheduler = Scheduler(config)
@@ -98,11 +132,34 @@ class SimEngine:
         self._wake_tx = self._ctx.socket(zmq.PAIR)
         self._wake_tx.connect(wake)
         self._stop_lock = threading.Lock()
+        self.totals = EngineTotals()
+        # The HTTP face's two inproc sockets (it connects its own to these addresses).
+        self.face_input = f"inproc://sim-face-in-{id(self):x}"
+        self.face_output = f"inproc://sim-face-out-{id(self):x}"
+        # Run first when the engine closes, while its context still lives (the HTTP face
+        # stops its server and closes its sockets of this context there).
+        self.on_close: list[Callable[[], None]] = []
+        self._face_in: zmq.Socket[bytes] | None = None
+        self._face_out: zmq.Socket[bytes] | None = None
+        if config.http is not None:
+            self._face_in = self._ctx.socket(zmq.PULL)
+            self._face_out = self._ctx.socket(zmq.PUSH)
+            for sock, address in ((self._face_in, self.face_input),
+                                  (self._face_out, self.face_output)):
+                sock.setsockopt(zmq.SNDHWM, 0)
+                sock.setsockopt(zmq.RCVHWM, 0)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.bind(address)
         self._stopped = False
         self._monitor: zmq.Socket[bytes] | None = None
         self._req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest, ext_hook=ext_hook)
         self._decoder = msgspec.msgpack.Decoder(ext_hook=ext_hook)
         self._encoder = OutputEncoder()
+
+    @property
+    def context(self) -> zmq.Context[zmq.Socket[bytes]]:
+        """The engine's ZMQ context (its HTTP face's inproc sockets must share it)."""
+        return self._ctx
 
     def release(self) -> None:
         """Close every socket of the engine's context if ``run`` did not (it was never entered,
@@ -131,29 +188,21 @@ class SimEngine:
     def run(self) -> None:
         io: EngineSockets | None = None
         try:
-            hs = connect_handshake(self._ctx, self.config)
-            try:
-                addresses = receive_addresses(hs, self.config.handshake_timeout, self._wake_rx)
-                if addresses is None:
+            if self.config.handshake_address is None:
+                self._start_kv_publisher()  # behind the HTTP face only: no frontend to wait for
+                io = EngineSockets([], [])
+            else:
+                io = self._handshake()
+                if io is None:
                     return
-                kv = self.config.kv_events
-                if kv.enable_kv_cache_events and kv.publisher == "zmq":
-                    self.kv_publisher = KVEventPublisher(
-                        self._ctx, kv, self.config.data_parallel_rank
-                    )
-                io = connect_io(self._ctx, self.config, addresses)
-                complete_handshake(
-                    hs, io, self.config, self.kv_publisher.config if self.kv_publisher else None
-                )
-            finally:
-                hs.close(linger=0)
             self.ready.set()
             log.info(
                 "ready: rank %d serving the frontend at %s (max_model_len "
                 "%d, %d blocks of %d, output %s%s)",
                 self.config.data_parallel_rank, self.config.handshake_address,
                 self.config.max_model_len, self.config.num_gpu_blocks, self.config.block_size,
-                self.config.output if self.config.tokens.tokenizer is not None else "random",
+                "random" if self.config.output == "echo" and self.config.tokens.tokenizer is None
+                else self.config.output,
                 f", KV events on {self.kv_publisher.config.endpoint}" if self.kv_publisher else "",
             )
             try:
@@ -172,7 +221,35 @@ class SimEngine:
         finally:
             self._close(io)
 
+    def _start_kv_publisher(self) -> None:
+        kv = self.config.kv_events
+        if kv.enable_kv_cache_events and kv.publisher == "zmq":
+            self.kv_publisher = KVEventPublisher(self._ctx, kv, self.config.data_parallel_rank)
+
+    def _handshake(self) -> EngineSockets | None:
+        """vLLM's headless handshake with the frontend; None if stopped while waiting."""
+        assert self.config.handshake_address is not None
+        hs = connect_handshake(self._ctx, self.config)
+        try:
+            addresses = receive_addresses(
+                hs, self.config.handshake_timeout, self._wake_rx, self._signal_fd)
+            if addresses is None:
+                return None
+            self._start_kv_publisher()
+            io = connect_io(self._ctx, self.config, addresses)
+            complete_handshake(
+                hs, io, self.config, self.kv_publisher.config if self.kv_publisher else None
+            )
+            return io
+        finally:
+            hs.close(linger=0)
+
     def _close(self, io: EngineSockets | None) -> None:
+        for callback in self.on_close:
+            try:
+                callback()
+            except Exception:
+                log.exception("a close callback failed")
         if self._monitor is not None:
             assert io is not None
             io.inputs[0].disable_monitor()
@@ -186,6 +263,9 @@ class SimEngine:
                 s.close(linger=None if self.error is not None else 200)
         if self.kv_publisher is not None:
             self.kv_publisher.close()
+        for sock in (self._face_in, self._face_out):
+            if sock is not None:
+                sock.close(linger=0)
         self._wake_rx.close(linger=0)
         with self._stop_lock:
             self._stopped = True
@@ -200,6 +280,11 @@ class SimEngine:
         for s in io.inputs:
             poller.register(s, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        signal_fd = self._signal_fd.fileno() if self._signal_fd is not None else None
+        if self._signal_fd is not None:
+            poller.register(self._signal_fd, zmq.POLLIN)
+        if self._face_in is not None:
+            poller.register(self._face_in, zmq.POLLIN)
         replay = self.kv_publisher.replay if self.kv_publisher else None
         if replay is not None:
             poller.register(replay, zmq.POLLIN)
@@ -229,6 +314,10 @@ class SimEngine:
             for sock, _ in poller.poll(timeout):
                 if sock is self._wake_rx:
                     return
+                if sock == signal_fd:
+                    assert self._signal_fd is not None
+                    drain_signal_fd(self._signal_fd)  # the handler has run: wake_rx is next
+                    continue
                 if sock is self._monitor:
                     gone_since = self._frontend_events(gone_since)
                 elif sock is replay:
@@ -244,6 +333,7 @@ class SimEngine:
             if plan is not None and time.monotonic() >= deadline:
                 outputs = sched.finish(plan)
                 plan = None
+                self._account(outputs)
                 events = sched.pool.take_events()
                 if events and self.kv_publisher is not None:
                     self.kv_publisher.publish(events)
@@ -262,13 +352,44 @@ class SimEngine:
                 gone_since = None
         return gone_since
 
+    def _account(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        totals, sched = self.totals, self.scheduler
+        totals.running, totals.waiting = len(sched.running), len(sched.waiting)
+        totals.kv_cache_usage = sched.pool.usage
+        for out in outputs.values():
+            for o in out.outputs:
+                totals.generation_tokens += len(o.new_token_ids)
+                if o.prefill_stats is not None:
+                    totals.prompt_tokens += int(o.prefill_stats.get("num_prompt_tokens", 0))
+                if o.events:
+                    self._account_first(o.events, out.timestamp)
+            stats = out.scheduler_stats
+            prefix = stats.get("prefix_cache_stats") if isinstance(stats, dict) else None
+            if isinstance(prefix, dict):
+                totals.prefix_queries += int(prefix.get("queries", 0))
+                totals.prefix_hits += int(prefix.get("hits", 0))
+
+    def _account_first(self, events: list[EngineCoreEvent], produced: float) -> None:
+        """A request's first output carries its QUEUED and first SCHEDULED stamps."""
+        queued = next((e.timestamp for e in events if e.type == EngineCoreEventType.QUEUED), None)
+        if queued is None:
+            return  # a resumed request's later events
+        scheduled = next(
+            (e.timestamp for e in events if e.type == EngineCoreEventType.SCHEDULED), queued)
+        self.totals.queue_time.observe(scheduled - queued)
+        self.totals.ttft.observe(produced - queued)
+
     def _send(self, io: EngineSockets, client: int, outputs: EngineCoreOutputs) -> None:
         outputs.engine_index = self.config.data_parallel_rank
         if outputs.timestamp == 0.0:  # as vLLM's EngineCoreOutputs.__post_init__
             outputs.timestamp = time.monotonic()
-        if not 0 <= client < len(io.outputs):
-            log.warning("dropping outputs for unknown client_index %d", client)
+        if client == FACE_CLIENT and self._face_out is not None:
+            self._face_out.send_multipart(self._encoder.encode(outputs), copy=False)
             return
+        if not 0 <= client < len(io.outputs):
+            if outputs.outputs or outputs.utility_output is not None:
+                log.warning("dropping outputs for unknown client_index %d", client)
+            return  # a step's stats for a frontend that is not there (an HTTP-only engine)
         io.outputs[client].send_multipart(self._encoder.encode(outputs), copy=False)
 
     def _drain(self, sock: zmq.Socket[bytes], io: EngineSockets) -> None:
@@ -337,6 +458,8 @@ class SimEngine:
         if cfg.output == "echo":
             sample = None if req.sampling_params.temperature == 0.0 else key
             sim_req.echo, sim_req.echo_loop = cfg.tokens.echo_ids(req.prompt_token_ids, sample)
+        elif cfg.output == "markov":
+            sim_req.markov = markov_key(cfg.seed, req.request_id, req.sampling_params)
         self.scheduler.add(sim_req, time.monotonic())
 
     def _reject_reason(self, req: EngineCoreRequest) -> str | None:
@@ -363,9 +486,47 @@ class SimEngine:
             value: Any = self.scheduler.reset_prefix_cache(bool(args[0]) if args else False)
         elif method == "is_sleeping":
             value = False
+        elif method in LORA_UTILITIES:
+            try:
+                value = self._lora_utility(method, list(args))
+            except (LoRAError, ValueError, TypeError) as e:  # msgspec's errors are ValueErrors
+                return UtilityOutput(call_id,
+                                     failure_message=f"Call to {method} method failed: {e}")
         else:
             # What vLLM answers when getattr(engine_core, method) fails.
             msg = f"'EngineCoreProc' object has no attribute '{method}'"
             return UtilityOutput(call_id, failure_message=f"Call to {method} method failed: {msg}")
         # vLLM's UtilityResult without pickle support: [type_info=None, value].
         return UtilityOutput(call_id, result=[None, value])
+
+    def _lora_utility(self, method: str, args: list[Any]) -> Any:
+        """vLLM's add_lora(lora_request), remove_lora(id), pin_lora(id), list_loras(): the
+        executor's checks first, then the worker's (whose failures it wraps)."""
+        if method == "list_loras":
+            if args:
+                raise TypeError(f"list_loras() takes no arguments ({len(args)} given)")
+        elif len(args) != 1:
+            raise TypeError(f"{method}() takes exactly one argument ({len(args)} given)")
+        if method == "add_lora":
+            lora = msgspec.convert(args[0], LoRARequest)
+            if lora.lora_int_id < 1:
+                raise ValueError(f"id must be > 0, got {lora.lora_int_id}")
+            if not lora.lora_path:
+                raise ValueError("lora_path cannot be empty")
+        elif method != "list_loras":
+            lora_id = args[0]
+            if not isinstance(lora_id, int) or lora_id < 1:
+                raise ValueError("lora_id must be greater than 0.")
+        cache = self.scheduler.loras
+        try:
+            if cache is None:
+                raise LoRAError(NOT_ENABLED)
+            if method == "add_lora":
+                return cache.add(lora)
+            if method == "remove_lora":
+                return cache.remove(lora_id)
+            if method == "pin_lora":
+                return cache.pin(lora_id)
+            return cache.ids()
+        except LoRAError as e:
+            raise LoRAError(worker_failure(str(e))) from None

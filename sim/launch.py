@@ -58,9 +58,10 @@ class SimEngineThread:
 
 
 def start_sim_engine(
-    handshake_address: str, tokens: TokenTable, **overrides: Any
+    handshake_address: str | None, tokens: TokenTable, **overrides: Any
 ) -> SimEngineThread:
-    """One in-process engine; ``overrides`` are SimConfig fields (block_size, step_time, ...)."""
+    """One in-process engine; ``overrides`` are SimConfig fields (block_size, step_time, ...).
+    ``handshake_address`` None: no ZMQ frontend (serve it through ``sim.http.face.HttpFace``)."""
     config = SimConfig(handshake_address=handshake_address, tokens=tokens, **overrides)
     return SimEngineThread(config).start()
 
@@ -79,16 +80,12 @@ def sim_engines(
 
 
 def spawn_sim_engine(
-    handshake_address: str, extra_args: Sequence[str] = (), **popen: Any
+    handshake_address: str | None, extra_args: Sequence[str] = (), **popen: Any
 ) -> subprocess.Popen[bytes]:
-    """``kvroute sim-engine`` as a child process (stop: terminate(); crash: kill())."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "kvroute.cli",
-        "sim-engine",
-        "--handshake-address",
-        handshake_address,
-        *extra_args,
-    ]
+    """``kvroute sim-engine`` as a child process (stop: terminate(); crash: kill()).
+    ``handshake_address`` None: no ZMQ frontend (give ``--port`` in ``extra_args``)."""
+    cmd = [sys.executable, "-m", "kvroute.cli", "sim-engine"]
+    if handshake_address is not None:
+        cmd += ["--handshake-address", handshake_address]
+    cmd += extra_args
     return subprocess.Popen(cmd, **popen)

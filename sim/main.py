@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 from types import FrameType
 
@@ -37,7 +38,18 @@ def cli(argv: list[str]) -> int:
     # SIGINT too: a shell starts background jobs with SIGINT ignored, and Ctrl-C must stop it.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    engine = SimEngine(config)
+    # A signal may be taken by a thread other than the one blocked in zmq's poll, which then
+    # goes on waiting: the wakeup socket makes that poll return, and the handler runs.
+    wake_rx, wake_tx = socket.socketpair()
+    wake_rx.setblocking(False)
+    wake_tx.setblocking(False)
+    signal.set_wakeup_fd(wake_tx.fileno(), warn_on_full_buffer=False)
+    engine = SimEngine(config, signal_fd=wake_rx)
+    face = None
+    if config.http is not None:
+        from sim.http.face import HttpFace
+
+        face = HttpFace(engine).start()
     try:
         logging.info(
             "rank %d: handshake with %s (block_size=%d, num_gpu_blocks=%d, step_time=%gs)",
@@ -47,6 +59,13 @@ def cli(argv: list[str]) -> int:
             config.num_gpu_blocks,
             config.step_time,
         )
+        if face is not None:
+            if not face.wait_ready() or face.error is not None:
+                print(f"kvroute sim-engine: the HTTP face failed to start: {face.error!r}",
+                      file=sys.stderr)
+                return 1
+            # The line tests and tools wait for (with --port 0 it says which port).
+            print(f"kvroute sim-engine: HTTP face on {face.url}", flush=True)
         engine.run()
     except HandshakeTimeout as e:
         print(f"kvroute sim-engine: {e}", file=sys.stderr)
@@ -56,6 +75,8 @@ def cli(argv: list[str]) -> int:
     except Exception:
         return 1
     finally:
+        if face is not None:
+            face.stop()
         # A signal before run() took over its sockets: close them, or the exit's context
         # teardown waits for them for ever.
         engine.release()

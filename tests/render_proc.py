@@ -1,7 +1,8 @@
 """Test helper: a real `kvroute render` process on port 0, ready when it says so on stdout.
 
 The process's output is read from the start by a thread; a test waits on lines it prints (its
-"ready on URL" per worker, "render helpers ready" per helper pool) instead of polling it.
+"ready on URL" per worker, "render helpers ready" per helper pool, "template helper ready" per
+template helper) instead of polling it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"kvroute render: ready on (http://\S+)")
 HELPERS_READY = re.compile(r"kvroute render: render helpers ready \(worker (\d+): pids ([\d, ]+)\)")
+# A template helper (render/service/sandbox.py) has loaded its models.
+TEMPLATE_READY = re.compile(
+    r"kvroute render: template helper ready \(worker (\d+): pids ([\d, ]+)\)")
 
 
 class RenderService:

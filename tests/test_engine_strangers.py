@@ -4,6 +4,7 @@ socket here) changes nothing for the real engine (a simulated engine process) an
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from router.config import EngineSpec
 from router.front.app import _engine_snapshot
+from router.kvfeed.kv_endpoints import KVEndpoints
+from router.kvfeed.kv_subscriber import KVSubscriber
 from router.link.engine_client import (
     CONTROL_MAX_MSG_SIZE,
     DEFAULT_MAX_MSG_SIZE,
@@ -22,8 +25,9 @@ from router.link.engine_client import (
     EngineStatus,
 )
 from router.link.engine_state import MAX_QUEUE_COUNT, EngineState, LinkCounters
-from tests.engines import EngineProc, make_engine
+from tests.engines import EngineProc, NaiveIndex, make_engine
 from tests.test_engine_client import make_request, random_prompt, tokens
+from tests.test_kv_subscriber import BS, batch, stored
 from wire.engine import ENGINE_CORE_DEAD, EngineCoreOutputs, FinishReason
 
 SIM_FLAGS = {"step_time": "0.01", "block_size": "16"}
@@ -264,3 +268,61 @@ async def test_admitted_engine_handshakes_over_tcp(tmp_path: Path) -> None:
             assert eng.counters.refused_identities == 0
     finally:
         sim.kill()
+
+
+def _reachable(host: str, port: str) -> bool:
+    try:
+        with socket.create_connection((host, int(port)), timeout=WAIT):
+            return True
+    except ConnectionRefusedError:
+        return False
+
+
+async def test_a_wildcard_handshake_binds_its_input_and_output_on_one_interface() -> None:
+    """``tcp://0.0.0.0:P`` asks for every interface for the handshake; the input and output
+    sockets bind only the interface the engine is told to dial (loopback here), so another
+    address of this host (127.0.0.2) reaches the handshake and nothing else."""
+    async with EngineClient([EngineSpec("w", "tcp://0.0.0.0:0")]) as client:
+        eng = client.engines["w"]
+        for sock in (eng.input, eng.output):
+            bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            assert bound.startswith("tcp://127.0.0.1:"), bound
+            assert not _reachable("127.0.0.2", bound.rsplit(":", 1)[1])
+            assert _reachable("127.0.0.1", bound.rsplit(":", 1)[1])
+        handshake = eng.handshake.getsockopt_string(zmq.LAST_ENDPOINT)
+        assert handshake.startswith("tcp://0.0.0.0:")
+        assert _reachable("127.0.0.2", handshake.rsplit(":", 1)[1])
+
+
+async def test_kv_sub_the_router_binds_admits_only_allowed_peers(ctx: Strangers) -> None:
+    """An engine configured to connect its KV publisher to the router: the SUB the router binds
+    passes the same ZAP allow-list as the engine sockets."""
+    index = NaiveIndex()
+    async with KVSubscriber(index, allowed_peers=["127.0.0.1"]) as kv:
+        address = kv.add_engine(KVEndpoints("k", "tcp://127.0.0.1:0"))
+        assert address.startswith("tcp://127.0.0.1:")
+        sub = kv._feeds["k"].sub
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        port = address.rsplit(":", 1)[1]
+        # The stranger (source 127.0.0.2) is refused: its forged blocks never arrive.
+        stranger = ctx.socket(zmq.XPUB)
+        stranger.connect(f"tcp://127.0.0.2:0;127.0.0.1:{port}")
+        event = parse_monitor_message(await asyncio.wait_for(monitor.recv_multipart(), WAIT))
+        assert event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        sub.disable_monitor()
+        monitor.close(linger=0)  # a socket of the subscriber's context: closed before it ends
+        forged = batch(stored([66], None, [6, 6, 6, 6]))
+        await stranger.send_multipart([b"", (0).to_bytes(8, "big"), forged])
+        # The admitted peer's batch is applied. An XPUB hears the SUB's subscription: sent after
+        # it, the batch is not dropped as unsubscribed.
+        friend = ctx.socket(zmq.XPUB)
+        friend.connect(address)
+        assert await asyncio.wait_for(friend.recv(), WAIT) == b"\x01"
+        applied = asyncio.ensure_future(kv.wait_applied("k", WAIT))
+        await friend.send_multipart([b"", (0).to_bytes(8, "big"),
+                                     batch(stored([1], None, [1, 2, 3, 4]))])
+        await applied
+        counters = kv.counters("k")
+        assert (counters.batches, counters.decode_errors, counters.last_seq) == (1, 0, 0)
+        assert index.match("k", [1, 2, 3, 4], BS) == 4
+        assert index.match("k", [6, 6, 6, 6], BS) == 0

@@ -74,7 +74,7 @@ def test_router_help_is_grouped() -> None:
     assert out.returncode == 0
     groups = re.findall(r"^(\w[\w ]*):$", out.stdout, re.M)
     assert groups == ["options", "serving", "model and render", "engines", "routing", "limits",
-                      "observability"]
+                      "answers", "structured outputs", "observability"]
     assert "Hugging Face id ORG/NAME" in out.stdout
 
 
@@ -82,7 +82,8 @@ def test_render_help_is_grouped() -> None:
     out = run(["render", "--help"])
     assert out.returncode == 0
     groups = re.findall(r"^(\w[\w ]*):$", out.stdout, re.M)
-    assert groups == ["options", "model", "serving", "where renders run", "observability"]
+    assert groups == ["options", "model", "serving", "structured outputs", "where renders run",
+                      "observability"]
 
 
 @pytest.mark.parametrize("text, needle", [

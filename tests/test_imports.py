@@ -5,7 +5,9 @@ the packages import the same way: ``wire`` and ``radix`` import nothing of ours;
 library only the wire types and the error tree (``serving.errors``, which imports nothing of
 ours); the output pipeline the wire types, render's library and the error tree; the simulated
 engine only the wire types, and to find and read a model's files (the embedded model, a Hub id,
-its context length) render's model-file helpers, lazily.
+its context length) render's model-file helpers, lazily; its HTTP face (``sim.http``, loaded
+only when asked for) renders and answers as `vllm serve` does, with render, output and serving.
+Engine discovery imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "devtools", "kvroute"}
+OURS = {"wire", "radix", "render", "serving", "output", "router", "sim", "discovery", "devtools",
+        "kvroute"}
 
 # package (a folder, dotted) -> the packages of ours it may import; the most specific key wins.
 ALLOWED: dict[str, set[str]] = {
@@ -28,7 +31,11 @@ ALLOWED: dict[str, set[str]] = {
     "serving.errors": {"serving.errors"},
     "output": {"output", "wire", "render", "serving.errors"},
     "sim": {"sim", "wire", "render.models", "render.model_files", "render.hub"},
-    "router": {"router", "wire", "radix", "render", "serving", "output"},
+    # The HTTP face speaks `vllm serve`'s API: it renders, answers through the output pipeline
+    # and serves on the project's HTTP server, as the router does (imported only with --port).
+    "sim.http": {"sim", "wire", "render", "output", "serving"},
+    "discovery": {"discovery"},
+    "router": {"router", "wire", "radix", "render", "serving", "output", "discovery"},
     "devtools": OURS - {"kvroute"},
     "kvroute": OURS,
 }

@@ -243,3 +243,22 @@ async def test_engine_restart_clears_its_index(tmp_path: Path) -> None:
 def random_tokens(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1000, 50_000) for _ in range(n)]
+
+
+async def test_events_keep_routes_noted_on_other_engines() -> None:
+    """A route noted optimistically (on the dispatcher's monotonic clock) lives out its ttl
+    while KV events of other engines arrive: the subscriber applies them on the same clock."""
+    from radix import PrefixIndex
+
+    index = PrefixIndex(10_000)
+    for name in ("e", "f"):
+        index.add_engine(name, BS)
+    async with KVSubscriber(index) as sub:
+        sub.add_engine(KVEndpoints("e", "ipc:///nonexistent/kv-e"))
+        ns = kv_namespace(None, None)
+        prompt = list(range(100, 140))
+        index.note_routed("f", prompt, ns, time.monotonic(), ttl=60.0)
+        assert index.match(prompt, ns, time.monotonic())["f"].optimistic_tokens == 40
+        await sub.on_batch("e", 0, batch(stored([1], None, [1, 2, 3, 4])))
+        assert index.match([1, 2, 3, 4, 5], ns, time.monotonic())["e"].confirmed_tokens == 4
+        assert index.match(prompt, ns, time.monotonic())["f"].optimistic_tokens == 40

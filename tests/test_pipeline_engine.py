@@ -65,7 +65,7 @@ async def _run(link: EngineClient, engine: EngineProc, decoder: TokenDecoder,
         await link.abort([req.request_id])
 
     pipe = Pipeline(PipelineSpec(kind=CHAT, request_id=req.request_id, model="m", created=0,
-                                 prompt_tokens=len(PROMPT), **spec), decoder)
+                                 prompt_tokens=len(PROMPT), usage_details=True, **spec), decoder)
     body = await collect(pipe, interleave([(0, tee())]), abort)
     assert isinstance(body, ChatCompletion)
     return body, seen

@@ -145,7 +145,7 @@ def test_stream_and_collected_agree(decoder: TokenDecoder, data: st.DataObject, 
                     o.new_logprobs = _logprobs([[t] * (logprobs + 1) for t in o.new_token_ids])
         per_choice.append(outs)
     spec = _spec(kind, n=n, stop=tuple(stops), include_stop_str_in_output=include,
-                 logprobs=logprobs, include_usage=True)
+                 logprobs=logprobs, include_usage=True, usage_details=True)
     streamed = _fold(_events(asyncio.run(_stream(spec, decoder, per_choice))), n, kind)
     body = asyncio.run(_collect(spec, decoder, per_choice))
     assert streamed["usage"] == body["usage"]
@@ -218,7 +218,7 @@ def test_stop_string_aborts_engine_and_cuts(decoder: TokenDecoder) -> None:
 
 def test_usage_continuous_and_final(decoder: TokenDecoder) -> None:
     ids = decoder.tokenizer.encode("a b c d").ids
-    spec = _spec(CHAT, n=2, include_usage=True, continuous_usage=True)
+    spec = _spec(CHAT, n=2, include_usage=True, continuous_usage=True, usage_details=True)
     events = _events(asyncio.run(_stream(spec, decoder, [_steps(ids, [1], 1, cached=2),
                                                          _steps(ids[:2], [1], 1)])))
     final = events[-1]
@@ -332,3 +332,23 @@ def test_completion_echo_and_token_ids(decoder: TokenDecoder) -> None:
     body = asyncio.run(_collect(spec, decoder, [_steps(ids, [1], 1)]))
     assert body["choices"][0]["text"] == "Prompt and more"
     assert body["choices"][0]["token_ids"] == ids
+
+
+@pytest.mark.parametrize("kind", [CHAT, COMPLETION])
+def test_kv_transfer_params_from_the_engine_reach_the_body(decoder: TokenDecoder,
+                                                           kind: str) -> None:
+    """vLLM's body carries the engine's kv_transfer_params (disaggregated prefill's handle)."""
+    outs = _steps(decoder.tokenizer.encode("a b").ids, [1], 1)
+    outs[-1].kv_transfer_params = {"do_remote_decode": False, "remote_block_ids": [3]}
+    body = asyncio.run(_collect(_spec(kind), decoder, [outs]))
+    assert body["kv_transfer_params"] == {"do_remote_decode": False, "remote_block_ids": [3]}
+    assert "kv_transfer_params" not in asyncio.run(_collect(_spec(kind), decoder, [
+        _steps(decoder.tokenizer.encode("a b").ids, [1], 1)]))
+
+
+def test_usage_details_only_when_switched_on(decoder: TokenDecoder) -> None:
+    """vLLM's --enable-prompt-tokens-details: off by default, the engine's cached tokens kept
+    out of usage."""
+    outs = _steps(decoder.tokenizer.encode("a b").ids, [1], 1, cached=2)
+    body = asyncio.run(_collect(_spec(CHAT), decoder, [outs]))
+    assert "prompt_tokens_details" not in body["usage"]

@@ -370,6 +370,18 @@ def test_optimistic_burst_lands_before_events_then_confirms() -> None:
     assert index.match(T, None, 3.0)["b"] == Match(0, 0)
 
 
+def test_a_forgotten_route_drops_only_that_engines_predictions() -> None:
+    """A request its engine refused leaves no prediction there; what the engine announced and
+    other engines' predictions stay."""
+    index = _index(("a", 4), ("b", 4))
+    index.note_routed("a", T[:12], None, now=0.0, ttl=10.0)
+    index.note_routed("b", T[:12], None, now=0.0, ttl=10.0)
+    index.apply_stored("a", [1], None, T[:4], None, 0.0)
+    index.forget_routed("a", T[:12], None)
+    assert index.match(T, None, 1.0) == {"a": Match(4, 4), "b": Match(0, 12)}
+    index.forget_routed("gone", T[:12], None)  # an engine that left meanwhile: nothing
+
+
 def test_a_reused_hash_releases_its_old_block_unless_the_event_names_it_again() -> None:
     index = _index(("e", 4))
     index.apply_stored("e", [7], None, T[:4], None, 0.0)

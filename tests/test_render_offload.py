@@ -25,8 +25,10 @@ import render.errors
 from render.errors import (
     BadRequestError,
     ContextLengthError,
+    InputProcessorError,
     ModelNotFoundError,
     RenderError,
+    TemplateLimitError,
     TemplateUnavailableError,
 )
 from render.protocol import ChatCompletionRequest
@@ -39,6 +41,7 @@ from serving.http_errors import error_response
 from serving.metrics import RenderMetrics
 from tests.render_proc import (
     HELPERS_READY,
+    TEMPLATE_READY,
     RenderService,
     render_server,
     render_service,
@@ -121,7 +124,7 @@ BIG = _text(10_500, 1)  # ~73 KB: over the 64 KiB cap once in a body
 def _error_instances() -> list[Exception]:
     bad_json = msgspec.json.Decoder(ChatCompletionRequest)
     found: list[Exception] = []
-    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": "wizard"}]}'):
+    for raw in (b'{"messages": [{"role": "user"', b'{"messages": [{"role": 5}]}'):
         try:
             bad_json.decode(raw)
         except msgspec.DecodeError as e:
@@ -131,7 +134,9 @@ def _error_instances() -> list[Exception]:
         RenderError(418, "teapot", "Teapot", "x"),
         BadRequestError("bad field", "n"),
         ContextLengthError("too long", "messages"),
+        InputProcessorError("out of vocabulary", "logit_bias"),
         TemplateUnavailableError("no template"),
+        TemplateLimitError("too slow", "time"),
         ModelNotFoundError("nope"),
         BodyTooLarge(100),
         HTTPException(405, headers={"Allow": "POST"}),
@@ -164,16 +169,19 @@ def _metrics(client: httpx.Client) -> dict[str, float]:
     """This worker's samples by metric name (one worker: the labels are all the same)."""
     out: dict[str, float] = {}
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith("kvroute_render_helper"):
+        if line.startswith(("kvroute_render_helper", "kvroute_render_template")):
             name = line.split("{", 1)[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
-def _helper_pids(server_pid: int) -> list[int]:
-    """The spawned helper processes of a serving process (not the resource tracker)."""
+def _helper_pids(server_pid: int, service: RenderService | None = None) -> list[int]:
+    """The spawned render helper processes of a serving process (not the resource tracker, nor
+    the template helpers ``service`` announced)."""
+    template = set() if service is None else {
+        int(p) for m in service.wait_output(TEMPLATE_READY) for p in m.group(2).split(",")}
     return [c.pid for c in psutil.Process(server_pid).children()
-            if "spawn_main" in " ".join(c.cmdline())]
+            if "spawn_main" in " ".join(c.cmdline()) and c.pid not in template]
 
 
 def _ready(client: httpx.Client) -> dict[str, float]:
@@ -219,7 +227,7 @@ BAD_BIG_BODIES: list[tuple[str, object]] = [
     (CHAT, json.dumps({"messages": [{"role": "user", "content": BIG}]}).encode()[:-3]),  # JSON
     (CHAT, {"messages": [{"role": "user", "content": BIG}], "temperature": "hot"}),  # type
     (CHAT, {"messages": [{"role": "user", "content": BIG}], "model": "nope"}),  # unknown model
-    (CHAT, {"messages": [{"role": "user", "content": BIG}], "max_tokens": 40_000}),  # too long
+    (CHAT, {"messages": [{"role": "user", "content": BIG}], "max_tokens": 10**6}),  # too long
     (CHAT, {"messages": [{"role": "user", "content": BIG}], "top_p": 7}),  # a render check
     (CHAT, {"messages": [{"role": "user", "content": BIG}],  # the template's raise_exception
             "chat_template": "{{ raise_exception('no ' ~ messages[0].content[:9]) }}"}),
@@ -263,7 +271,10 @@ def test_big_body_errors_from_the_helper_match_in_process_byte_for_byte(
         assert mine.headers["content-type"] == theirs.headers["content-type"]
     after = _metrics(helper)
     renders = "kvroute_render_helper_renders_total"
-    assert after[renders] == before[renders] + len(BAD_BIG_BODIES)
+    # The body bringing its own chat template renders in the template helper instead.
+    assert after[renders] == before[renders] + len(BAD_BIG_BODIES) - 1
+    template = "kvroute_render_template_renders_total"
+    assert after[template] == before[template] + 1
     assert after["kvroute_render_helper_restarts_total"] == before[
         "kvroute_render_helper_restarts_total"]  # no error broke the pool
 
@@ -273,7 +284,7 @@ def test_a_killed_helper_costs_no_request_and_is_respawned(
     helper, service = helper_server
     before = _ready(helper)
     pools = len(service.wait_output(HELPERS_READY))  # helper pools announced so far
-    [pid] = _helper_pids(service.proc.pid)
+    [pid] = _helper_pids(service.proc.pid, service)
     path, body = BIG_BODIES[0]
     os.kill(pid, signal.SIGKILL)
     # Answered in process: the pool is broken (or already known dead and being respawned).
@@ -286,7 +297,7 @@ def test_a_killed_helper_costs_no_request_and_is_respawned(
         "kvroute_render_helper_restarts_total"] + 1
     assert after["kvroute_render_helper_renders_total"] == before[
         "kvroute_render_helper_renders_total"]  # that request did not render in a helper
-    [respawned] = _helper_pids(service.proc.pid)
+    [respawned] = _helper_pids(service.proc.pid, service)
     assert respawned != pid
     assert _post(helper, path, body).content == r.content
     assert _metrics(helper)["kvroute_render_helper_renders_total"] == before[
@@ -296,7 +307,7 @@ def test_a_killed_helper_costs_no_request_and_is_respawned(
 async def test_a_helper_dying_mid_render_hands_the_request_back(models: Models) -> None:
     """In process, deterministically: the render is in the pool when its helper dies."""
     cfg = replace(parse_args([]), render_processes=1)
-    helper = RenderHelper(cfg, RenderMetrics([]))
+    helper = RenderHelper(cfg, RenderMetrics([]).helpers)
     helper.start()
     try:
         await asyncio.wait_for(helper.wait_ready(), 120)

@@ -24,11 +24,8 @@ from render import Renderer
 from render.bad_words import bad_words_token_ids
 from render.errors import BadRequestError
 from render.protocol import ChatCompletionRequest
-from render.structured import (
-    StructuredOutputs,
-    StructuredOutputsConfig,
-    parse_structured_outputs_config,
-)
+from render.structured import StructuredOutputs
+from render.structured_config import StructuredOutputsConfig, parse_structured_outputs_config
 from render.structured_rules import choice_as_grammar, grammar_is_likely_lark
 from tests.render_reference import FIXTURES, VLLM_PYTHON
 from tests.structured_corpus import cases
@@ -193,7 +190,9 @@ def _loop(key: str) -> bool:
     request (render refuses it)."""
     from render.structured_rules import ref_loop
 
-    schema = json.loads(key).get("json")
+    extra = json.loads(key)
+    schema = extra.get("json", extra.get("response_format", {}).get("json_schema", {}).get(
+        "schema"))
     return isinstance(schema, dict) and ref_loop(schema)
 
 
@@ -270,3 +269,29 @@ def test_bad_words_ids_match_vllm(family: str, mode: str) -> None:
             assert their["error"].startswith(ours["error"]), (family, ours, their)
         else:
             assert ours["bad_words_token_ids"] == their["bad_words_token_ids"], family
+
+
+def test_router_and_render_take_vllms_flag(tmp_path: Path) -> None:
+    from render.service.config import parse_args
+    from router.config import ConfigError
+    from router.main import parse
+
+    assert parse([]).structured_outputs == StructuredOutputsConfig()
+    assert parse(["--structured-outputs-config", '{"backend": "guidance"}']
+                 ).structured_outputs.backend == "guidance"
+    assert parse(["--structured-outputs-config.backend", "xgrammar"]
+                 ).structured_outputs.backend == "xgrammar"
+    toml = tmp_path / "router.toml"
+    toml.write_text('[structured_outputs]\nbackend = "guidance"\n')
+    assert parse(["--config", str(toml)]).structured_outputs.backend == "guidance"
+    for argv in (["--structured-outputs-config", '{"backend": "outlines"}'],
+                 ["--structured-outputs-config.backend", "nope"]):
+        with pytest.raises(ConfigError):
+            parse(argv)
+    toml.write_text('[structured_outputs]\nbackend = 3\n')
+    with pytest.raises(ConfigError, match="structured_outputs"):
+        parse(["--config", str(toml)])
+    assert parse_args(["--structured-outputs-config.backend", "guidance"]
+                      ).structured_outputs.backend == "guidance"
+    with pytest.raises(SystemExit):
+        parse_args(["--structured-outputs-config", "{"])

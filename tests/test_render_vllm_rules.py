@@ -42,7 +42,7 @@ def test_empty_completion_prompt(prompt: str | list[str]) -> None:
         r.render_completion(req)
     # "" is rejected before tokenizing (vLLM's validator); [""] renders no ids (Qwen3 adds no BOS).
     assert e.value.status == 400
-    expected = "non-empty" if prompt == "" else "No token_ids"
+    expected = "non-empty" if prompt == "" else "The decoder prompt cannot be empty"
     assert expected in str(e.value)
 
 

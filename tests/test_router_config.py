@@ -67,6 +67,53 @@ def test_json_file_and_engine_flags(tmp_path: Path) -> None:
         assert parse(["--http-server", server]).http_server == server
 
 
+def test_http_engines_and_mixed_fleets(tmp_path: Path) -> None:
+    path = tmp_path / "router.toml"
+    path.write_text("""
+[link]
+http_load_interval = 0.25
+
+[[engines]]
+name = "pod-a"
+url = "http://10.0.0.5:8000"
+
+[[engines]]
+name = "headless"
+handshake = "tcp://0.0.0.0:13345"
+peer_inputs = ["tcp://10.0.0.9:15000"]
+peer_outputs = ["tcp://10.0.0.9:15001"]
+""")
+    cfg = parse(["--config", str(path)])
+    pod, headless = cfg.engines
+    assert pod.is_http and pod.url == "http://10.0.0.5:8000" and pod.kv_host == "10.0.0.5"
+    assert not headless.is_http and headless.peer_outputs == ("tcp://10.0.0.9:15001",)
+    assert cfg.link.http_load_interval == 0.25 and cfg.link.client_index == 0
+    flags = parse(["--engine", "p=https://pod.svc:8443,kv=tcp://pod.svc:5557",
+                   "--engine", "http://pod-b:8000",
+                   "--engine", "z=tcp://h:1,peer_input=tcp://p:2,peer_output=tcp://p:3",
+                   "--engine", "q=peer,input=tcp://0.0.0.0:5,output=tcp://0.0.0.0:6,block_size=16",
+                   "--client-index", "1"])
+    p, b, z, q = flags.engines
+    assert p.url == "https://pod.svc:8443" and p.kv_events == "tcp://pod.svc:5557"
+    assert b.name == "engine-1" and b.url == "http://pod-b:8000" and not b.handshake
+    assert z.peer_inputs == ("tcp://p:2",) and z.peer_outputs == ("tcp://p:3",)
+    assert q.handshake == "" and q.input_address == "tcp://0.0.0.0:5" and q.block_size == 16
+    assert flags.link.client_index == 1
+
+
+@pytest.mark.parametrize("engine, needle", [
+    ({"name": "a"}, "either a handshake address"),
+    ({"name": "a", "handshake": "tcp://h:1", "url": "http://h:2"}, "either"),
+    ({"name": "a", "url": "ftp://h:2"}, "url must be"),
+    ({"name": "a", "url": "http://h:2", "input": "tcp://h:3"}, "input is a ZMQ engine's"),
+    ({"name": "a", "handshake": "tcp://h:1", "peer_inputs": ["tcp://p:1"]}, "pair up"),
+    ({"name": "a", "handshake": "tcp://h:1", "peer_inputs": "tcp://p:1"}, "list of addresses"),
+])
+def test_engine_specs_that_are_refused(engine: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        from_mapping({"engines": [engine]})
+
+
 @pytest.mark.parametrize("data, needle", [
     ({"prot": 1}, "unknown key"),
     ({"policy": {"name": "fastest"}}, "unknown policy"),
@@ -151,3 +198,66 @@ def test_link_table_guards_the_engine_sockets() -> None:
         from_mapping({"link": {"allowed_peers": "10.0.0.5"}})
     with pytest.raises(ConfigError, match="max_kv_msg_bytes must be int"):
         from_mapping({"link": {"max_kv_msg_bytes": "big"}})
+
+
+@pytest.mark.parametrize(("engine", "bound"), [
+    ({"handshake": "tcp://0.0.0.0:13345"}, ("127.0.0.1", 14345, 15345)),  # told loopback
+    ({"handshake": "tcp://*:13345"}, ("127.0.0.1", 14345, 15345)),
+    ({"handshake": "tcp://[::]:13345"}, ("[::1]", 14345, 15345)),
+    ({"handshake": "tcp://0.0.0.0:13345", "advertise_host": "10.0.0.9"},
+     ("10.0.0.9", 14345, 15345)),
+    ({"handshake": "tcp://0.0.0.0:13345", "advertise_host": "router.svc",
+      "bind_host": "10.0.0.7"}, ("10.0.0.7", 14345, 15345)),
+    ({"handshake": "tcp://10.1.2.3:13345"}, ("10.1.2.3", 14345, 15345)),
+    ({"handshake": "tcp://10.1.2.3:0"}, ("10.1.2.3", 0, 0)),  # kernel-chosen, as the handshake
+    ({"handshake": "tcp://0.0.0.0:13345", "input": "tcp://0.0.0.0:7",
+      "output": "tcp://0.0.0.0:8"}, ("0.0.0.0", 7, 8)),  # a wildcard asked for is kept
+])
+def test_default_input_and_output_sit_beside_the_handshake_never_on_a_wildcard(
+        engine: dict[str, str], bound: tuple[str, int, int]) -> None:
+    """Same interface as the handshake (a wildcard's: the one engines are told to dial), ports
+    derived from the handshake's: a restarted router binds what its engines still dial."""
+    [spec] = from_mapping({"engines": [engine]}).engines
+    host, inp, out = bound
+    assert (spec.input_address, spec.output_address) == (f"tcp://{host}:{inp}",
+                                                          f"tcp://{host}:{out}")
+
+
+def test_a_handshake_port_without_room_for_its_neighbours_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no room for the default input/output ports"):
+        from_mapping({"engines": [{"handshake": "tcp://127.0.0.1:64000"}]})
+    [spec] = from_mapping({"engines": [{"handshake": "tcp://127.0.0.1:64000",
+                                        "input": "tcp://127.0.0.1:1", "output": "ipc:///x"}]}).engines
+    assert spec.output_address == "ipc:///x"
+
+
+def test_a_wildcard_handshake_advertising_a_name_needs_a_bind_host() -> None:
+    engine = {"handshake": "tcp://0.0.0.0:13345", "advertise_host": "router.svc"}
+    with pytest.raises(ConfigError, match=r"engines\[0\].*set bind_host"):
+        from_mapping({"engines": [engine]})
+    with pytest.raises(ConfigError, match="bind_host 'eth0' is not an IP address"):
+        from_mapping({"engines": [{**engine, "bind_host": "eth0"}]})
+    cfg = parse(["--engine", "a=tcp://0.0.0.0:1,advertise_host=router.svc,bind_host=10.0.0.7"])
+    assert cfg.engines[0].input_address == "tcp://10.0.0.7:1001"
+
+
+def test_frontend_switches_default_as_vllm() -> None:
+    """vLLM's answer switches: off by default, on by flag or the [frontend] table."""
+    off = parse([]).frontend
+    assert not (off.enable_prompt_tokens_details or off.enable_force_include_usage
+                or off.return_tokens_as_token_ids)
+    on = parse(["--enable-prompt-tokens-details", "--enable-force-include-usage",
+                "--return-tokens-as-token-ids"]).frontend
+    assert on.enable_prompt_tokens_details and on.enable_force_include_usage
+    assert on.return_tokens_as_token_ids
+    table = from_mapping({"frontend": {"enable_prompt_tokens_details": True}}).frontend
+    assert table.enable_prompt_tokens_details and not table.enable_force_include_usage
+    with pytest.raises(ConfigError, match="frontend: unknown key"):
+        from_mapping({"frontend": {"prompt_details": True}})
+
+
+def test_a_readopted_engine_names_its_context() -> None:
+    cfg = parse(["--engine", "x=tcp://h:1,block_size=128,max_model_len=4096"])
+    assert (cfg.engines[0].block_size, cfg.engines[0].max_model_len) == (128, 4096)
+    with pytest.raises(ConfigError, match="max_model_len must be an integer"):
+        parse(["--engine", "x=tcp://h:1,max_model_len=big"])

@@ -16,7 +16,8 @@ from serving.server import ROUTER_SERVER
 
 MODEL = "Qwen/Qwen3-0.6B"
 KEY = "sekret"
-AUTH = {"authorization": f"Bearer {KEY}"}
+# The model POSTs take JSON only (vLLM's validate_json_request): every raw body here says so.
+AUTH = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
 # Headers that differ between any two answers whatever the path.
 VOLATILE = {"date", "content-length", "x-kvroute-route"}
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -37,15 +39,17 @@ def proc_cluster() -> Iterator[LocalCluster]:
 def test_engine_killed_mid_run(proc_cluster: LocalCluster) -> None:
     client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
                            timeout=30)
+    # Not resumed on the other engine (tests/test_router_resume.py): the error event stays.
     with client.chat.completions.with_streaming_response.create(
-            **_chat("long one", 2000), stream=True) as resp:
+            **_chat("long one", 2000), stream=True,
+            extra_body={"vllm_xargs": {"kvroute_resume": False}}) as resp:
         victim = resp.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
         chunks = resp.parse()
         next(chunks)
         proc_cluster.kill_engine(victim)
-        # The error event inside the stream, sent when the death deadline (engine_dead_after)
-        # ran out: not the client's read timeout (a hang would end in APITimeoutError).
-        with pytest.raises(openai.APIError, match="no output for 2s") as failed:
+        # The error event inside the stream, sent when its connection dropped: not the client's
+        # read timeout (a hang would end in APITimeoutError).
+        with pytest.raises(openai.APIError, match="its connection dropped") as failed:
             for _ in chunks:
                 pass
         assert not isinstance(failed.value, openai.APITimeoutError)
@@ -64,20 +68,25 @@ def test_engine_killed_mid_run(proc_cluster: LocalCluster) -> None:
 @pytest.mark.slow
 def test_no_token_request_is_retried_on_another_engine(proc_cluster: LocalCluster) -> None:
     victim = proc_cluster.names[0]
-    proc_cluster.kill_engine(victim)
-    # The router has not noticed (SIGKILL sends nothing): prompts that land on the dead engine
-    # fail before their first token and are retried on the other one.
+    proc = proc_cluster.procs[victim]
+    # Hung (SIGSTOP): its connections stay up and the router has not noticed; prompts that land
+    # on it fail before their first token (its silence deadline) and are retried on the other.
+    os.kill(proc.pid, signal.SIGSTOP)
     st = proc_cluster.state
     client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
                            timeout=30)
-    for i in range(4):
-        chat = client.chat.completions.create(**_chat(f"retry me {i}", 4))
-        assert chat.choices[0].finish_reason == "length"
-    with httpx.Client(base_url=proc_cluster.base_url) as http:
-        metrics = http.get("/metrics").text
-    retried = [line for line in metrics.splitlines() if line.startswith("kvroute_retries_total")]
-    assert retried and float(retried[0].split()[-1]) >= 1.0, retried
-    assert victim not in st.dispatcher.healthy()  # the circuit breaker skips it now
+    try:
+        for i in range(4):
+            chat = client.chat.completions.create(**_chat(f"retry me {i}", 4))
+            assert chat.choices[0].finish_reason == "length"
+        with httpx.Client(base_url=proc_cluster.base_url) as http:
+            metrics = http.get("/metrics").text
+        retried = [line for line in metrics.splitlines()
+                   if line.startswith("kvroute_retries_total")]
+        assert retried and float(retried[0].split()[-1]) >= 1.0, retried
+        assert victim not in st.dispatcher.healthy()  # the circuit breaker skips it now
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 @pytest.fixture(scope="module")

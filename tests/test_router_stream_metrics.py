@@ -67,7 +67,9 @@ def test_completed_streams_count_200(cluster: LocalCluster) -> None:
 
 def test_a_stream_ended_by_an_error_event_counts_its_error(cluster: LocalCluster) -> None:
     with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
-        with http.stream("POST", "/v1/completions", json=_stream(2000)) as stream:
+        # Not resumed on the other engine (router/routing/resume.py): its error event stays.
+        no_resume = {**_stream(2000), "vllm_xargs": {"kvroute_resume": False}}
+        with http.stream("POST", "/v1/completions", json=no_resume) as stream:
             assert stream.status_code == 200
             engine = stream.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
             lines = stream.iter_lines()

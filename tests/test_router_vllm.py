@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import EngineSpec
+from router.config import EngineSpec, Frontend
 from tests.engines import TINY_MODEL, EngineProc
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -29,6 +29,7 @@ def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
         topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
         block_size=e.ready.block_size)
     with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL),
+                                     frontend=Frontend(enable_prompt_tokens_details=True),
                                      ready_timeout=120)) as c:
         yield c
 

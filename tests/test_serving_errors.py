@@ -32,14 +32,18 @@ from serving.errors import (
     EngineDeadError,
     EngineLinkError,
     EngineOutputError,
+    EngineRefusedError,
     EngineUnavailableError,
+    InputProcessorError,
     InternalServerError,
     InvalidJSONError,
+    InvalidUserInputError,
     ModelNotFoundError,
     NotFoundError,
     OverloadedError,
     ServiceUnavailableError,
     ShuttingDownError,
+    TemplateLimitError,
     TemplateUnavailableError,
     UtilityCallError,
     error_body,
@@ -51,7 +55,7 @@ from serving.http_errors import error_response
 
 def _decode_error() -> msgspec.DecodeError:
     try:
-        msgspec.json.decode(b'{"messages": [{"role": "wizard"}]}', type=ChatCompletionRequest)
+        msgspec.json.decode(b'{"messages": [{"role": 5}]}', type=ChatCompletionRequest)
     except msgspec.DecodeError as exc:
         return exc
     raise AssertionError("the body decoded")
@@ -61,13 +65,17 @@ INSTANCES: list[BaseException] = [
     APIError(418, "teapot", "Teapot", "x"),
     BadRequestError("bad field", "n"),
     ContextLengthError("too long", "messages"),
+    InputProcessorError("logit_bias out of vocabulary", "logit_bias"),
     TemplateUnavailableError("no template"),
+    TemplateLimitError("the chat template took longer than 2 s to render", "time"),
     InvalidJSONError("not JSON"),
+    InvalidUserInputError("Both 'lora_name' and 'lora_path' must be provided."),
     AuthenticationError(),
     NotFoundError("no such path"),
     ModelNotFoundError("nope", "Qwen/Qwen3-0.6B"),
     BodyTooLarge(100),
     ClientGoneError(),
+    EngineRefusedError(400, "Token id 999999999 is out of vocabulary", "BadRequestError"),
     OverloadedError(429, "queue full", 2),
     OverloadedError(503, "no slot in time", 1),
     ServiceUnavailableError("render service unreachable"),
@@ -122,7 +130,7 @@ def test_one_error_object_for_response_event_and_collected_body(exc: BaseExcepti
 
 def test_what_the_answer_says_beyond_the_body() -> None:
     assert error_body(_decode_error())["error"]["type"] == "Bad Request"
-    assert error_body(_decode_error())["error"]["param"] == "messages[0].role"
+    assert error_body(_decode_error())["error"]["param"] == "body.messages.0.role"
     assert error_body(RuntimeError("x"))["error"] == {
         "message": "Internal error: RuntimeError: x", "type": "InternalServerError",
         "param": None, "code": 500}
@@ -167,11 +175,12 @@ def test_an_engine_failure_reads_the_same_streamed_and_collected(cluster: LocalC
     with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
         collected = http.post("/inference/v1/generate", json=_generate(False))
         streamed = http.post("/inference/v1/generate", json=_generate(True))
-    assert collected.status_code == 500
+    # The engine refused the request's input (its error's code is 400): the client's fault.
+    assert collected.status_code == 400
     assert streamed.status_code == 200  # the stream had started: the error goes in-band
     events = [line[len("data: "):] for line in streamed.text.split("\n\n") if line]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])
     assert error == collected.json()
-    assert error["error"]["type"] == "InternalServerError"
+    assert error["error"]["type"] == "BadRequestError"
     assert f"max_model_len is {SIM_MAX_MODEL_LEN}" in error["error"]["message"]

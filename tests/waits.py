@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -17,4 +18,16 @@ def eventually(cond: Callable[[], bool], timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached in {timeout:g} s")
         time.sleep(delay)
+        delay = min(2 * delay, 0.1)
+
+
+async def arrives(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    """``eventually`` for a condition that tasks on the caller's own event loop bring about:
+    awaits between polls (same back-off), so those tasks run."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached in {timeout:g} s")
+        await asyncio.sleep(delay)
         delay = min(2 * delay, 0.1)

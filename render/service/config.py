@@ -12,7 +12,8 @@ from output.parsers.registry import check_names
 from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, served_name
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
-from render.structured import (
+from render.service.lora_modules import LoRAModule, lora_modules
+from render.structured_config import (
     StructuredOutputsConfig,
     add_structured_outputs_arguments,
     structured_outputs_config,
@@ -29,6 +30,10 @@ DEFAULT_INLINE_BUDGET_MS = 2.0
 # Above this a body always renders on a thread, whatever the estimate says (~16k tokens).
 DEFAULT_INLINE_MAX_BYTES = 65536
 DEFAULT_RENDER_THREADS = 2
+# A request's own chat template (--allow-request-chat-template) renders in a helper process under
+# these limits: wall-clock seconds per render, and MiB of address space over the loaded process.
+DEFAULT_TEMPLATE_SECONDS = 5.0
+DEFAULT_TEMPLATE_MEMORY_MIB = 1024
 # Chosen by measurement (bench/servers.py; docs/operations.md, "HTTP server").
 DEFAULT_HTTP_SERVER = RENDER_SERVER
 
@@ -64,6 +69,9 @@ class ServerConfig:
     workers: int = 1
     max_body_bytes: int = 32 * 1024 * 1024
     allow_request_chat_template: bool = False
+    request_template_seconds: float = DEFAULT_TEMPLATE_SECONDS
+    request_template_memory_mib: int = DEFAULT_TEMPLATE_MEMORY_MIB
+    request_template_processes: int = 1
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
@@ -78,6 +86,8 @@ class ServerConfig:
     max_stop_strings: int = DEFAULT_LIMITS.max_stop_strings
     max_stop_bytes: int = DEFAULT_LIMITS.max_stop_bytes
     max_output_entries: int = DEFAULT_LIMITS.max_output_entries
+    # LoRA adapters whose model names render with their base model (--lora-modules).
+    lora_modules: tuple[LoRAModule, ...] = ()
     # vLLM's --structured-outputs-config: keep it equal to the engines' (render/structured.py).
     structured_outputs: StructuredOutputsConfig = StructuredOutputsConfig()
 
@@ -85,6 +95,10 @@ class ServerConfig:
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_n, self.max_logprobs, self.max_stop_strings,
                              self.max_stop_bytes, self.max_output_entries)
+
+    @property
+    def template_limits(self) -> TemplateLimits:
+        return TemplateLimits(self.request_template_seconds, self.request_template_memory_mib)
 
     @property
     def limits(self) -> RenderLimits:
@@ -100,6 +114,14 @@ class RenderLimits:
     offload_bytes: int = DEFAULT_OFFLOAD_BYTES
     inline_budget_ms: float = DEFAULT_INLINE_BUDGET_MS
     inline_max_bytes: int = DEFAULT_INLINE_MAX_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateLimits:
+    """What one render of a request-supplied chat template may take (render/service/sandbox.py)."""
+
+    seconds: float = DEFAULT_TEMPLATE_SECONDS
+    memory_mib: int = DEFAULT_TEMPLATE_MEMORY_MIB
 
 
 def model_spec(model: Path, served_model_name: str | None = None, *, tokenizer: Path | None = None,
@@ -204,8 +226,22 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="read the model's tool calls (tool_choice auto, required, named); "
                         "without it tool_choice auto is a 400, as in vLLM")
+    m.add_argument("--lora-modules", nargs="+", action="extend", default=[], metavar="MODULE",
+                   help="LoRA adapters whose model names render with their base model, as in "
+                        "vllm serve: name=path, or JSON {\"name\": .., \"path\": .., "
+                        "\"base_model_name\": ..}")
     m.add_argument("--allow-request-chat-template", action="store_true",
-                   help="accept a request's own `chat_template` (off: 400)")
+                   help="accept a request's own `chat_template` (off: 400); it renders in a "
+                        "helper process under the two limits below (over either: 400)")
+    m.add_argument("--request-template-seconds", type=float, default=DEFAULT_TEMPLATE_SECONDS,
+                   help="wall-clock seconds one render of a request's chat template may take")
+    m.add_argument("--request-template-memory-mib", type=int,
+                   default=DEFAULT_TEMPLATE_MEMORY_MIB,
+                   help="MiB of memory one render of a request's chat template may add to its "
+                        "helper process")
+    m.add_argument("--request-template-processes", type=int, default=1,
+                   help="helper processes per worker rendering requests' chat templates (only "
+                        "with --allow-request-chat-template)")
     s = p.add_argument_group("serving")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
@@ -259,6 +295,13 @@ def parse_args(argv: list[str]) -> ServerConfig:
     names = [m.served_model_name for m in models]
     if len(set(names)) != len(names):
         p.error(f"served model names must be unique, got {names}")
+    try:
+        adapters = lora_modules(a.lora_modules)
+    except ValueError as e:
+        p.error(str(e))
+    for module in adapters:
+        if module.name in names:
+            p.error(f"LoRA module {module.name!r} conflicts with a served base model")
     for name, value, low in (("--workers", a.workers, 1), ("--max-body-bytes", a.max_body_bytes, 1),
                              ("--offload-bytes", a.offload_bytes, 0),
                              ("--inline-budget-ms", a.inline_budget_ms, 0),
@@ -268,7 +311,9 @@ def parse_args(argv: list[str]) -> ServerConfig:
                              ("--max-n", a.max_n, 1), ("--max-logprobs", a.max_logprobs, -1),
                              ("--max-stop-strings", a.max_stop_strings, 1),
                              ("--max-stop-bytes", a.max_stop_bytes, 1),
-                             ("--max-output-entries", a.max_output_entries, 0)):
+                             ("--max-output-entries", a.max_output_entries, 0),
+                             ("--request-template-memory-mib", a.request_template_memory_mib, 1),
+                             ("--request-template-processes", a.request_template_processes, 1)):
         if value < low:
             p.error(f"{name} must be >= {low}, got {value}")
     try:
@@ -276,12 +321,15 @@ def parse_args(argv: list[str]) -> ServerConfig:
                                                a.structured_outputs_backend)
     except ValueError as e:
         p.error(str(e))
+    if not a.request_template_seconds > 0:
+        p.error(f"--request-template-seconds must be > 0, got {a.request_template_seconds}")
     if a.http_server not in TAKES_SOCKET and a.workers > 1:
         # It binds from an address: worker processes cannot share the parent's socket.
         p.error(f"--http-server {a.http_server} serves one process: use --workers 1")
     # Every other field has a flag of its name (switch_interval has none: it keeps its default).
     flags = {f.name: getattr(a, f.name) for f in fields(ServerConfig) if hasattr(a, f.name)}
-    return ServerConfig(**{**flags, "models": models, "structured_outputs": structured})
+    return ServerConfig(**{**flags, "models": models, "lora_modules": adapters,
+                           "structured_outputs": structured})
 
 
 def resolve_spec(spec: ModelSpec, progress: TextIO | None = sys.stderr) -> ModelSpec:

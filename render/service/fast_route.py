@@ -87,10 +87,9 @@ class FastRenderRoute:
 
     @staticmethod
     async def _render(st: RenderState, path: str, body: bytes) -> tuple[bytes, int, str]:
-        if st.helper is not None:
-            done = await st.helper.render(path, body)
-            if done is not None:
-                return done
+        done = await st.offloaded(path, body)
+        if done is not None:
+            return done
         codecs = st.codecs
         decoder: msgspec.json.Decoder[ChatCompletionRequest] | msgspec.json.Decoder[
             CompletionRequest] = codecs.chat if path == CHAT else codecs.completion

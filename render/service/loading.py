@@ -18,7 +18,8 @@ from render.registry import ModelRegistry
 from render.renderer import Renderer
 from render.sampling_checks import DEFAULT_LIMITS, RequestLimits
 from render.service.config import ModelSpec
-from render.structured import StructuredOutputsConfig
+from render.service.lora_modules import LoRAModule
+from render.structured_config import StructuredOutputsConfig
 from render.token_json import json_encoder
 from render.tool_choice import ToolCalling
 
@@ -37,9 +38,12 @@ class Codecs:
 
 def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
                 limits: RequestLimits = DEFAULT_LIMITS,
+                lora_modules: Iterable[LoRAModule] = (),
                 structured_outputs: StructuredOutputsConfig | None = None) -> ModelRegistry:
     """The renderers of ``specs``, in order (the first is the default model), each told the
-    server's tool-call flags (``Renderer.tool_calling``)."""
+    server's tool-call flags (``Renderer.tool_calling``); each LoRA module's name is an alias of
+    its base model (``base_model_name`` when that is served, else the first model, as vLLM
+    parents an adapter)."""
     specs = list(specs)
     registry = ModelRegistry([
         Renderer.load(
@@ -55,6 +59,10 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
         for spec in specs
     ])
     load_parsers(registry, specs)
+    served = set(registry.names())
+    for module in lora_modules:
+        base = module.base_model_name if module.base_model_name in served else None
+        registry.add_alias(module.name, base)
     return registry
 
 

@@ -10,6 +10,9 @@ answered by the same error path (serving/http_errors.py).
 The render thread (``--render-processes 0``: always) stays the fallback, so no request waits for a
 model load or is lost: until the helpers have loaded their models, while they are respawned after
 one died (the requests it held render again in process), and for an error it could not send back.
+
+The same machinery runs the template helpers of render/service/sandbox.py: a pool of one process
+whose renders run under TemplateLimits (render/service/template_limits.py), with no fallback.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, NamedTuple
 
-from render.errors import RenderError
+from render.errors import BadRequestError, RenderError
 from render.protocol import decode_request
 from render.renderer import Renderer
-from render.service.config import ServerConfig
+from render.service import template_limits
+from render.service.config import ServerConfig, TemplateLimits
 from render.service.loading import Codecs, find_model, load_models
-from serving.metrics import RenderMetrics
+from serving.errors import ServiceUnavailableError
+from serving.metrics import HelperMetrics
 
 log = logging.getLogger("kvroute.render")
 
@@ -81,10 +86,11 @@ def _detokenize(renderer: Renderer, req: Any) -> tuple[object, int]:
 class _Helper:
     """A helper process's models and codecs: the serving process's, loaded from the same config."""
 
-    def __init__(self, cfg: ServerConfig, barrier: Any) -> None:
+    def __init__(self, cfg: ServerConfig, barrier: Any, limits: TemplateLimits | None) -> None:
+        self.limits = limits
         self.registry = load_models(
             cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
-            limits=cfg.request_limits,
+            limits=cfg.request_limits, lora_modules=cfg.lora_modules,
             structured_outputs=cfg.structured_outputs)
         self.codecs = c = Codecs()
         self.barrier = barrier
@@ -100,6 +106,8 @@ class _Helper:
             with contextlib.suppress(RenderError):  # a template that refuses this chat
                 self.render(CHAT, c.encoder.encode(
                     {"model": name, "messages": [{"role": "user", "content": "Hello"}]}))
+        if limits is not None:
+            template_limits.install(limits)  # what it holds now is the base of the memory cap
 
     def render(self, path: str, body: bytes) -> Rendered:
         decoder, job = self.jobs[path]
@@ -114,7 +122,7 @@ class _Helper:
 _helper: _Helper | None = None
 
 
-def _init_helper(cfg: ServerConfig, barrier: Any) -> None:
+def _init_helper(cfg: ServerConfig, barrier: Any, limits: TemplateLimits | None) -> None:
     global _helper
     # Ctrl-C reaches the whole process group; the serving process owns shutdown and stops its
     # helpers itself (a helper dying first would only be respawned mid-shutdown).
@@ -123,7 +131,7 @@ def _init_helper(cfg: ServerConfig, barrier: Any) -> None:
     # the serving process's core on a small machine, and one helper is meant to be one core's work.
     os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
     threading.Thread(target=_exit_with_parent, name="parent-watch", daemon=True).start()
-    _helper = _Helper(cfg, barrier)
+    _helper = _Helper(cfg, barrier, limits)
 
 
 def _exit_with_parent() -> None:
@@ -145,6 +153,8 @@ def _warm_up() -> int:
 def _render_job(path: str, body: bytes) -> Rendered:
     assert _helper is not None
     try:
+        if _helper.limits is not None:
+            return template_limits.run_limited(_helper.limits, _helper.render, path, body)
         return _helper.render(path, body)
     except Exception as exc:
         # An exception that fails to unpickle in the serving process breaks the whole pool.
@@ -160,16 +170,20 @@ def _render_job(path: str, body: bytes) -> Rendered:
 
 class RenderHelper:
     """The helper processes of one serving process: started in the background, used once all have
-    loaded their models, respawned when one dies. ``render_processes == 0``: never started."""
+    loaded their models, respawned when one dies. ``render_processes == 0``: never started.
 
-    def __init__(self, cfg: ServerConfig, metrics: RenderMetrics) -> None:
+    ``limits``: a template helper (render/service/sandbox.py), one process whose renders run
+    under them; it answers through ``render_limited`` only."""
+
+    def __init__(self, cfg: ServerConfig, metrics: HelperMetrics,
+                 limits: TemplateLimits | None = None) -> None:
         self.cfg = cfg
+        self.limits = limits
+        self.processes = cfg.render_processes if limits is None else 1
+        self.kind = "render helpers" if limits is None else "template helper"
         self.pool: ProcessPoolExecutor | None = None
         self.pids: tuple[int, ...] = ()  # the helpers of a ready pool
-        self._ready = metrics.helpers_ready.labels(metrics.worker)
-        self._renders = metrics.helper_renders.labels(metrics.worker)
-        self._restarts = metrics.helper_restarts.labels(metrics.worker)
-        self._in_flight = metrics.helper_in_flight.labels(metrics.worker)
+        self._ready, self._renders, self._in_flight, self._restarts = metrics
         self._task: asyncio.Task[None] | None = None
         self._spawning: asyncio.Future[tuple[ProcessPoolExecutor, list[Future[int]]]] | None = None
         self._pidfds: list[int] = []
@@ -177,7 +191,7 @@ class RenderHelper:
         self._closed = False
 
     def start(self) -> None:
-        if self.cfg.render_processes > 0:
+        if self.processes > 0:
             self._task = asyncio.create_task(self._start(), name="render-helper-start")
 
     async def wait_ready(self) -> None:
@@ -209,6 +223,39 @@ class RenderHelper:
             self._in_flight.dec()
         self._renders.inc()
         return out
+
+    async def render_limited(self, path: str, body: bytes) -> Rendered:
+        """``body`` rendered by a template helper (ready: ``wait_ready``) under its limits; one
+        call at a time, so a process that ends ended this render. Past the time limit plus
+        KILL_GRACE the helper is killed (and respawned)."""
+        limits, pool = self.limits, self.pool
+        assert limits is not None, "a template helper's renders run under limits"
+        if pool is None or not self.pids:
+            raise ServiceUnavailableError("The chat-template helper process is restarting.")
+        self._in_flight.inc()
+        job = asyncio.wrap_future(pool.submit(_render_job, path, body))
+        try:
+            done, _ = await asyncio.wait({job}, timeout=limits.seconds + template_limits.KILL_GRACE)
+            if not done:
+                log.warning("template helper %s ran past its time limit: killing it", self.pids)
+                for pid in self.pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self._lost(pool)
+                job.cancel()
+                raise template_limits.over_time(limits)
+            return job.result()
+        except BrokenProcessPool:
+            self._lost(pool)
+            raise template_limits.process_ended(limits) from None
+        except template_limits.OverTime:
+            raise template_limits.over_time(limits) from None
+        except Unsendable as exc:
+            raise BadRequestError(f"The chat template failed on this request: {exc}",
+                                  "chat_template") from None
+        finally:
+            self._renders.inc()
+            self._in_flight.dec()
 
     async def close(self) -> None:
         self._closed = True
@@ -254,12 +301,12 @@ class RenderHelper:
             delay = min(2 * delay, MAX_RETRY_DELAY)
 
     def _spawn(self) -> tuple[ProcessPoolExecutor, list[Future[int]]]:
-        n = self.cfg.render_processes
+        n = self.processes
         # spawn, not fork: the serving process runs threads and an event loop.
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(n)
         pool = ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_helper,
-                                   initargs=(self.cfg, barrier))
+                                   initargs=(self.cfg, barrier, self.limits))
         # The pool spawns a process per call queued while none is idle: n warm-ups, n processes.
         return pool, [pool.submit(_warm_up) for _ in range(n)]
 
@@ -278,11 +325,11 @@ class RenderHelper:
             self._pidfds.append(fd)
             loop.add_reader(fd, self._lost, pool)
         self.pids = tuple(pids)
-        self._ready.set(len(pids))
+        self._ready.inc(len(pids))  # inc, not set: several template helpers share the gauge
         self._up.set()
-        log.info("render helpers ready: pids %s", ", ".join(map(str, pids)))
+        log.info("%s ready: pids %s", self.kind, ", ".join(map(str, pids)))
         # A line on stdout, as the worker's "ready on": what tests and tools wait on.
-        print(f"kvroute render: render helpers ready (worker {os.getpid()}: pids "
+        print(f"kvroute render: {self.kind} ready (worker {os.getpid()}: pids "
               f"{', '.join(map(str, pids))})", flush=True)
         if dead:
             self._lost(pool)
@@ -306,6 +353,6 @@ class RenderHelper:
             loop.remove_reader(fd)
             os.close(fd)
         self._pidfds.clear()
+        self._ready.dec(len(self.pids))
         self.pids = ()
-        self._ready.set(0)
         self._up.clear()

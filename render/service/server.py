@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -42,6 +43,7 @@ from render.service.derender_routes import chat_derender, completion_derender
 from render.service.fast_route import FastRenderRoute
 from render.service.loading import Codecs, load_models, load_parsers
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
+from render.service.sandbox import TemplateSandbox
 from render.service.state import STATE_KEY, Models, RenderState, render_state
 from serving.body import JSON, json_response, read_body
 from serving.errors import APIError
@@ -66,9 +68,9 @@ T = TypeVar("T")
 
 
 async def offloaded(st: RenderState, path: str, body: bytes) -> Response | None:
-    """The answer of a render helper process for a big body (render/service/offload.py); None: none
-    answered, render it here."""
-    done = None if st.helper is None else await st.helper.render(path, body)
+    """The answer of a helper process (a template helper for a request's own chat template, a
+    render helper for a big body); None: none answered, render it here."""
+    done = await st.offloaded(path, body)
     if done is None:
         return None
     if path in (CHAT, COMPLETIONS):
@@ -115,21 +117,44 @@ async def detokenize_endpoint(request: Request) -> Response:
                                   lambda r: r.detokenize)
 
 
+def model_card(model_id: str, created: int, root: str, parent: str | None,
+               max_model_len: int | None) -> dict[str, object]:
+    """One entry of ``GET /v1/models`` (vLLM's ModelCard); an adapter's has its base model as
+    ``parent``, its directory as ``root`` and no ``max_model_len``."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "vllm",
+            "root": root, "parent": parent, "max_model_len": max_model_len,
+            "permission": [_permission(created)]}
+
+
+def model_cards(st: RenderState) -> list[dict[str, object]]:
+    """The served models' cards, then the static LoRA modules' (--lora-modules)."""
+    created = st.models.created
+    cards = [model_card(r.served_model_name, created, str(root), None, r.max_model_len)
+             for r, root in zip(st.models.registry, st.roots, strict=True)]
+    parents = st.models.registry.aliases()
+    cards += [model_card(m.name, created, m.path, parents[m.name], None)
+              for m in st.lora_modules]
+    return cards
+
+
+def models_body(cards: list[dict[str, object]]) -> dict[str, object]:
+    return {"object": "list", "data": cards}
+
+
 async def list_models(request: Request) -> Response:
+    """vLLM's model list, field for field, so clients that read it see what `vllm serve`
+    shows."""
     st = render_state(request.scope["state"])
-    data = [
-        {
-            "id": r.served_model_name,
-            "object": "model",
-            "created": st.models.created,
-            "owned_by": "kvroute",
-            "root": str(root),
-            "parent": None,
-            "max_model_len": r.max_model_len,
-        }
-        for r, root in zip(st.models.registry, st.roots, strict=True)
-    ]
-    return json_response(st.codecs.encoder, {"object": "list", "data": data})
+    return json_response(st.codecs.encoder, models_body(model_cards(st)))
+
+
+def _permission(created: int) -> dict[str, object]:
+    """vLLM's ``ModelPermission`` with its defaults."""
+    return {"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
+            "created": created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}
 
 
 async def health(request: Request) -> Response:
@@ -158,22 +183,28 @@ def create_app(cfg: ServerConfig, *,
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, RenderState]]:
         registry = await asyncio.to_thread(
             load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
-            limits=cfg.request_limits,
+            limits=cfg.request_limits, lora_modules=cfg.lora_modules,
             structured_outputs=cfg.structured_outputs)
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.
-        helper = RenderHelper(cfg, metrics)
+        helper = RenderHelper(cfg, metrics.helpers)
         helper.start()
+        sandbox = TemplateSandbox(cfg, metrics) if cfg.allow_request_chat_template else None
+        if sandbox is not None:
+            sandbox.start()
         parsers = load_parsers(registry, cfg.models)
         st = RenderState(Models(registry, int(time.time()), parsers),
                          tuple(m.model for m in cfg.models),
-                         cfg.limits, pool, Codecs(), metrics, helper)
+                         cfg.limits, pool, Codecs(), metrics, helper, cfg.lora_modules,
+                         sandbox)
         if on_ready is not None:
             on_ready()
         try:
             yield {STATE_KEY: st}
         finally:
+            if sandbox is not None:
+                await sandbox.close()
             await helper.close()
             pool.shutdown(wait=False, cancel_futures=True)
 

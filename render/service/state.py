@@ -21,7 +21,9 @@ from render.renderer import Renderer
 from render.service.config import RenderLimits
 from render.service.derender import Derenderer
 from render.service.loading import Codecs, find_model
-from render.service.offload import RenderHelper
+from render.service.lora_modules import LoRAModule
+from render.service.offload import Rendered, RenderHelper
+from render.service.sandbox import TemplateSandbox
 from serving.metrics import RenderMetrics
 
 T = TypeVar("T")
@@ -132,6 +134,17 @@ class RenderState:
     codecs: Codecs
     metrics: RenderMetrics
     helper: RenderHelper | None  # None: every body renders in this process (the router)
+    # The static adapters whose names render with a base model (their aliases in the registry).
+    lora_modules: tuple[LoRAModule, ...] = ()
+    # Requests' own chat templates (render/service/sandbox.py); None: not allowed here.
+    sandbox: TemplateSandbox | None = None
+
+    async def offloaded(self, path: str, body: bytes) -> Rendered | None:
+        """The answer of a helper process: a template helper's for a body bringing its own chat
+        template, a render helper's for a big body; None: render it in this process."""
+        if self.sandbox is not None and (done := await self.sandbox.render(path, body)):
+            return done
+        return None if self.helper is None else await self.helper.render(path, body)
 
     async def run(self, renderer: Renderer, size: int, fn: Callable[..., T], *args: Any) -> T:
         return await render_in(self.models, self.limits, self.pool, renderer, size, fn, *args)

@@ -3,6 +3,8 @@
     POST /v1/chat/completions, /v1/completions      render -> route -> engine -> pipeline (SSE/JSON)
     POST /inference/v1/generate                     token-in GenerateRequest -> token-out
     POST /inference/v1/abort_requests               {"request_ids": [...]}
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter  LoRA adapters at run time, with
+                                                    VLLM_ALLOW_RUNTIME_LORA_UPDATING (lora.py)
     POST /v1/chat/completions/render, /v1/completions/render, /tokenize, /detokenize  (render's)
     GET  /v1/models, /metrics; /health (liveness), /ready (readiness) — never behind the API key
     POST/GET /admin/engines, DELETE /admin/engines/NAME   join, list, drain and remove engines
@@ -14,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -26,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from discovery.sources import open_source
 from output.detokenize import TokenDecoder
 from output.sse import RAW_SEND
 from radix import PrefixIndex
@@ -35,17 +40,25 @@ from render.service.config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimit
 from render.service.loading import Codecs, load_models, load_parsers
 from render.service.state import STATE_KEY as RENDER_KEY
 from render.service.state import Models, RenderState
-from router.config import RouterConfig
-from router.front import control, handlers
+from router.config import ConfigError, RouterConfig
+from router.front import control, handlers, lora
 from router.front.fast_path import FastPath
 from router.front.render_client import RenderClient
+from router.front.shutdown import cut_open_requests
 from router.front.state import STATE_KEY as ROUTER_KEY
 from router.front.state import Lifecycle, RouterState, router_state
 from router.kvfeed.kv_subscriber import KVSubscriber
-from router.link.engine_client import EngineClient, EngineStatus
+from router.link.engine_client import EngineClient
+from router.link.engine_state import EngineStatus
+from router.link.http_client import HttpEngineClient
+from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
+from router.routing.adapters import Adapters
 from router.routing.admission import Admission
+from router.routing.discovered import Reconciler, http_spec
 from router.routing.dispatch import Dispatcher
+from router.routing.drain import Drains
+from router.routing.engine_memory import EngineMemory
 from router.routing.fleet import Fleet
 from router.routing.policy import Policy
 from serving.errors import (
@@ -60,6 +73,8 @@ from serving.errors import (
 from serving.guard import ApiKey, RequestIdSend
 from serving.http_errors import ErrorPath, error_response
 from serving.metrics import RenderMetrics
+
+log = logging.getLogger("kvroute.router")
 
 PROBES = frozenset({"/health", "/ping", "/ready", "/metrics"})
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -170,7 +185,7 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(body, media_type=PROMETHEUS)
 
 
-def _engine_snapshot(client: EngineClient) -> Callable[[], dict[str, dict[str, float]]]:
+def _engine_snapshot(client: EngineLinks) -> Callable[[], dict[str, dict[str, float]]]:
     def read() -> dict[str, dict[str, float]]:
         out = {}
         for name, eng in client.engines.items():
@@ -203,12 +218,19 @@ def create_app(cfg: RouterConfig,
     ``on_ready(live)`` runs once the lifespan has built them, before the first request."""
     lifecycle = Lifecycle()
     spec = model_of(cfg)
+    for module in cfg.lora_modules:
+        if module.name == spec.served_model_name:
+            raise ConfigError(f"lora_modules: the LoRA adapter {module.name!r} conflicts with "
+                              "the served base model's name")
     limits = RenderLimits(max_body_bytes=cfg.limits.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         lifecycle.idle = asyncio.Event()
         lifecycle.idle.set()
+        # First, before any socket: a kubeconfig or service account that cannot be read fails
+        # the startup.
+        source = open_source(cfg.discovery.source) if cfg.discovery is not None else None
         registry = await asyncio.to_thread(
             lambda: load_models([spec], limits=cfg.limits.request,
                                 structured_outputs=cfg.structured_outputs))
@@ -219,29 +241,64 @@ def create_app(cfg: RouterConfig,
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
         metrics = RouterMetrics()
         index = PrefixIndex(max_blocks=cfg.limits.max_index_blocks)
-        client = EngineClient(cfg.engines, dead_after=cfg.limits.engine_dead_after,
-                              max_msg_size=cfg.link.max_output_msg_bytes,
-                              allowed_peers=cfg.link.allowed_peers)
+        client = EngineLinks(
+            cfg.engines,
+            EngineClient(client_index=cfg.link.client_index,
+                         dead_after=cfg.limits.engine_dead_after,
+                         max_msg_size=cfg.link.max_output_msg_bytes,
+                         allowed_peers=cfg.link.allowed_peers,
+                         idle_probe_after=cfg.limits.engine_idle_probe),
+            HttpEngineClient(cfg.link, dead_after=cfg.limits.engine_dead_after,
+                             max_logprobs=cfg.limits.max_logprobs))
         await client.start()
-        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes)
+        kv = KVSubscriber(index, max_msg_size=cfg.link.max_kv_msg_bytes,
+                          allowed_peers=cfg.link.allowed_peers)
         await kv.start()
+        adapters = Adapters(client, models.registry)
+        adapters.add_static(cfg.lora_modules)
+        if cfg.allow_runtime_lora_updating:
+            log.warning("LoRA dynamic loading & unloading is enabled: POST "
+                        "/v1/load_lora_adapter and /v1/unload_lora_adapter change what every "
+                        "engine serves (keep them behind the API key)")
         admission = Admission(cfg.limits.max_in_flight_per_engine, cfg.limits.max_queue,
                               cfg.limits.queue_timeout, cfg.limits.retry_after)
+        caps = {id(r): r.max_model_len for r in models.registry}
+
+        def set_context(max_model_len: int) -> None:
+            # Render admits what every ready engine can take (each model: at most its own).
+            for r in models.registry:
+                r.max_model_len = min(caps[id(r)], max_model_len)
+
+        # A configured --max-model-len is kept; else the engines' own lengths rule.
         fleet = Fleet(client, kv, index, admission, cfg.engines,
-                      max_model_len=min(r.max_model_len for r in models.registry))
+                      max_model_len=min(caps.values()),
+                      on_context=None if cfg.max_model_len is not None else set_context,
+                      adapters=adapters, memory=EngineMemory(cfg.state_dir))
         metrics.queue_depth.set_function(lambda: admission.queued)
         metrics.watch_engines(_engine_snapshot(client))
         metrics.watch_kv_events(fleet.kv_snapshot)
-        dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics)
+        dispatcher = Dispatcher(client, Policy(cfg.policy, index), admission, metrics,
+                                adapters=adapters,
+                                max_resumes=cfg.streams.max_resumes if cfg.streams.resume else 0)
+        drains = Drains(fleet, dispatcher)
         decoders = {r.served_model_name: TokenDecoder(r.tokenizer) for r in models.registry}
         tasks = [asyncio.create_task(fleet.watch(), name="fleet-watch")]
+        discovery = None
+        if cfg.discovery is not None and source is not None:
+            discovery = Reconciler(fleet, drains, http_spec,
+                                   drain_timeout=cfg.discovery.drain_timeout,
+                                   max_engines=cfg.control.max_engines)
+            tasks.append(asyncio.create_task(discovery.run(source), name="discovery"))
+            metrics.watch_discovery(discovery.snapshot)
         st = RouterState(
             config=cfg, render=render, models=models, remote=remote, client=client, kv=kv,
-            index=index, dispatcher=dispatcher, fleet=fleet, lifecycle=lifecycle,
+            index=index, dispatcher=dispatcher, fleet=fleet, drains=drains, discovery=discovery,
+            lifecycle=lifecycle,
             router_metrics=metrics, decoders=decoders,
-            generate_decoder=msgspec.json.Decoder(GenerateRequest))
+            generate_decoder=msgspec.json.Decoder(GenerateRequest), adapters=adapters)
         # For in-process tools (demo, tests): the same object the handlers see.
         app.state.live = st
+        lifecycle.cut = partial(cut_open_requests, st)
         # The startup heap (tokenizers, templates, the index) lives as long as the process, yet
         # each full collection re-scans it, a pause in the middle of streams that grows with the
         # heap. Freeze it.
@@ -259,6 +316,8 @@ def create_app(cfg: RouterConfig,
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await drains.close()
+            await adapters.close()
             await kv.close()
             await client.close()
             if remote is not None:
@@ -274,7 +333,7 @@ def create_app(cfg: RouterConfig,
         Route("/v1/completions/render", render_server.completion_render, methods=["POST"]),
         Route("/tokenize", render_server.tokenize_endpoint, methods=["POST"]),
         Route("/detokenize", render_server.detokenize_endpoint, methods=["POST"]),
-        Route("/v1/models", render_server.list_models, methods=["GET"]),
+        Route("/v1/models", lora.list_models, methods=["GET"]),
         Route("/admin/engines", control.add_engine, methods=["POST"]),
         Route("/admin/engines", control.list_engines, methods=["GET"]),
         Route("/admin/engines/{name}", control.remove_engine, methods=["DELETE"]),
@@ -283,6 +342,11 @@ def create_app(cfg: RouterConfig,
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
+    if cfg.allow_runtime_lora_updating:
+        routes += [
+            Route("/v1/load_lora_adapter", lora.load_lora_adapter, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", lora.unload_lora_adapter, methods=["POST"]),
+        ]
     errors = router_errors()
     api_key = ApiKey(cfg.api_key)
     app = RouterApp(routes=routes, lifespan=lifespan, exception_handlers=dict(errors.handlers()))

@@ -1,7 +1,8 @@
 """The ``/admin/*`` endpoints: engines join, are listed and removed at run time (admin key only).
 
-    POST   /admin/engines        {"name", "handshake", "kv_events"?, "replay"?, "topic"?}: join
-    GET    /admin/engines        the linked engines: name, handshake, status, requests, draining
+    POST   /admin/engines        {"name", "handshake" | "url", "kv_events"?, "replay"?, "topic"?}:
+                                 join (a headless engine's handshake, or a `vllm serve` pod's URL)
+    GET    /admin/engines        the linked engines: name, address, status, requests, draining
     DELETE /admin/engines/NAME   drain (no new requests; wait for the running ones), then remove
 
 The Guard (router/front/app.py) admits a path here only with the admin key, and answers 404 for
@@ -12,32 +13,30 @@ configured directory and never onto an existing file that is not a socket.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
 import stat
-import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from router.config import Control, EngineSpec
-from router.front.state import RouterState, router_state
+from router.front.state import router_state
 from serving.body import json_response, read_body
 from serving.errors import APIError, BadRequestError, NotFoundError
 
 MAX_JOIN_BODY = 64 * 1024
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# How often a drain looks at the engine's requests (a drain takes seconds, not milliseconds).
-DRAIN_POLL = 0.05
 
 
 class JoinEngine(msgspec.Struct, forbid_unknown_fields=True):
     name: str
-    handshake: str
+    handshake: str | None = None
+    url: str | None = None  # http(s)://HOST:PORT of a `vllm serve --enable-scale-out` pod
     kv_events: str | None = None
     replay: str | None = None
     topic: str = ""
@@ -61,10 +60,29 @@ def tcp_host(address: str) -> str | None:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+def check_url(url: str, hosts: frozenset[str]) -> None:
+    """Raise a 400 unless ``url`` is http(s)://HOST[:PORT] with an allowed host."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or (
+            parts.path not in ("", "/")) or parts.query or parts.fragment:
+        raise BadRequestError("url: expected http://HOST:PORT or https://HOST:PORT", "url")
+    if parts.hostname not in hosts:
+        raise BadRequestError(f"url: host {parts.hostname!r} is not allowed (loopback, the "
+                              "configured engines' hosts and control.allowed_hosts are)", "url")
+
+
 def allowed_hosts(control: Control, engines: tuple[EngineSpec, ...]) -> frozenset[str]:
-    """Loopback, the configured engines' handshake and KV hosts, and the configured extras."""
+    """Loopback, the configured engines' handshake, URL and KV hosts, and the configured
+    extras."""
     hosts = set(LOOPBACK) | set(control.allowed_hosts)
     for spec in engines:
+        pod_host = urlsplit(spec.url).hostname if spec.url else None
+        if pod_host:
+            hosts.add(pod_host)
         for address in (spec.handshake, spec.kv_events, spec.replay):
             host = tcp_host(address) if address else None
             if host and not _wildcard(host):
@@ -135,20 +153,30 @@ async def add_engine(request: Request) -> Response:
     if len(st.client.engines) >= control.max_engines:
         raise EngineLimitError(control.max_engines)
     hosts = allowed_hosts(control, st.config.engines)
-    check_address(req.handshake, "handshake", control, hosts, binds=True)
+    if (req.handshake is None) == (req.url is None):
+        raise BadRequestError("give either handshake (a headless engine) or url (a pod)",
+                              "handshake")
+    if req.handshake is not None:
+        check_address(req.handshake, "handshake", control, hosts, binds=True)
+    else:
+        check_url(req.url or "", hosts)
     for field, address in (("kv_events", req.kv_events), ("replay", req.replay)):
         if address is not None:
             check_address(address, field, control, hosts, binds=False)
-    spec = EngineSpec(req.name, req.handshake, req.kv_events, req.replay, req.topic)
-    answer = {"name": req.name, "handshake": st.fleet.join(spec)}
+    spec = EngineSpec(req.name, req.handshake or "", req.kv_events, req.replay, req.topic,
+                      url=req.url)
+    address = st.fleet.join(spec)
+    answer = {"name": req.name, "url" if req.url else "handshake": address}
     return json_response(st.render.codecs.encoder, answer)
 
 
 async def list_engines(request: Request) -> Response:
     st = router_state(request.scope["state"])
     draining = st.dispatcher.draining
-    engines = [{"name": name, "handshake": eng.handshake_endpoint, "status": eng.status.value,
-                "requests": eng.num_in_flight, "draining": name in draining}
+    engines = [{"name": name,
+                "url" if eng.spec.is_http else "handshake": st.client.endpoint(name),
+                "status": eng.status.value, "requests": eng.num_in_flight,
+                "draining": name in draining}
                for name, eng in st.client.engines.items()]
     return json_response(st.render.codecs.encoder, {"engines": engines})
 
@@ -156,28 +184,11 @@ async def list_engines(request: Request) -> Response:
 async def remove_engine(request: Request) -> Response:
     """Drain the engine (no new request goes to it; its running ones get
     ``control.remove_drain_timeout`` to finish), then unlink it; what is left ends with an
-    error."""
+    error (router/routing/drain.py)."""
     st = router_state(request.scope["state"])
     name = request.path_params["name"]
     if name not in st.client.engines or name in st.dispatcher.draining:
         raise NotFoundError(f"no engine {name!r} (or it is being removed)", "name")
-    st.dispatcher.draining.add(name)
-    try:
-        drained = await _drain(st, name, st.config.control.remove_drain_timeout)
-        left = st.client.engines[name].num_in_flight
-        await st.fleet.remove(name)
-    finally:
-        st.dispatcher.draining.discard(name)
-    return json_response(st.render.codecs.encoder,
-                         {"name": name, "removed": True, "drained": drained, "cut": left})
-
-
-async def _drain(st: RouterState, name: str, timeout: float) -> bool:
-    """Wait until no request holds a slot on the engine; False if ``timeout`` ran out first."""
-    admission = st.dispatcher.admission
-    deadline = time.monotonic() + timeout
-    while admission.in_flight(name) or st.client.engines[name].num_in_flight:
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(DRAIN_POLL)
-    return True
+    removal = await st.drains.start(name, st.config.control.remove_drain_timeout)
+    return json_response(st.render.codecs.encoder, {
+        "name": name, "removed": True, "drained": removal.drained, "cut": removal.cut})

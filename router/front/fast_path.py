@@ -25,7 +25,7 @@ from router.front.state import router_state
 from serving.guard import ApiKey, RequestIdSend
 
 if TYPE_CHECKING:
-    from router.front.respond import EngineResponse
+    from router.front.handlers import Answer
     from router.front.state import Lifecycle, RouterState
     from serving.http_errors import ErrorPath
 
@@ -33,7 +33,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Opener = Callable[["RouterState", Receive, bytes, float], Awaitable["EngineResponse"]]
+Opener = Callable[["RouterState", Receive, bytes, float, Any], Awaitable["Answer"]]
 
 OPENERS: Mapping[str, Opener] = {
     "/inference/v1/generate": handlers.open_generate,
@@ -84,7 +84,8 @@ class FastPath:
                 break
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         try:
-            response = await opener(router_state(scope["state"]), receive, body, arrival)
+            response = await opener(router_state(scope["state"]), receive, body, arrival,
+                                    scope["headers"])
             await response(scope, receive, send_with_id)
         except Exception as exc:
             if send_with_id.started:

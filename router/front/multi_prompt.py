@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from output.openai_types import Chunk, Completion, PromptTokensDetails, Usage
 from output.pipeline import Pipeline, PipelineSpec
-from router.link.request_stream import RequestStream
+from router.link.request_stream import ChoiceStream
 from router.routing.dispatch import Routed
 from wire.engine import EngineCoreOutput
 
@@ -37,7 +37,7 @@ class RoutedGroup:
     def __init__(self, parts: Sequence[Routed]) -> None:
         self.parts = tuple(parts)
         self.decision = GroupDecision(self.parts)
-        self.streams: list[RequestStream] = [s for p in self.parts for s in p.streams]
+        self.streams: list[ChoiceStream] = [s for p in self.parts for s in p.streams]
         self.first: list[EngineCoreOutput] = [f for p in self.parts for f in p.first]
 
     @property
@@ -71,6 +71,15 @@ class PipelineGroup:
     def completion_tokens(self) -> int:
         return sum(p.completion_tokens for p in self.parts)
 
+    @property
+    def kv_transfer_params(self) -> dict[str, object] | None:
+        """The first prompt's, as vLLM's body carries."""
+        return self.parts[0].kv_transfer_params
+
+    def prompt_logprobs(self, index: int = 0) -> list[dict[str, dict[str, object]] | None] | None:
+        pipeline, local, _ = self._where[index]
+        return pipeline.prompt_logprobs(local)
+
     def usage(self, index: int | None = None) -> Usage:
         if index is not None:
             pipeline, local, _ = self._where[index]
@@ -79,7 +88,8 @@ class PipelineGroup:
         prompt = sum(u.prompt_tokens for u in parts)
         completion = sum(u.completion_tokens for u in parts)
         cached = self.cached_tokens
-        details = None if cached is None else PromptTokensDetails(cached_tokens=cached)
+        details = (None if cached is None or not self.spec.usage_details
+                   else PromptTokensDetails(cached_tokens=cached))
         return Usage(prompt, prompt + completion, completion, details)
 
     def start(self) -> list[Chunk]:

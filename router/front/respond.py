@@ -15,11 +15,12 @@ from output.collect import collect
 from output.detokenize import TokenDecoder
 from output.pipeline import ParserFactory, Pipeline, PipelineSpec, interleave
 from output.sse import RAW_SEND, Backlog, SSEResponse, StreamEnd, sse_stream
+from router.front.beam_search import BeamAnswer
 from router.front.multi_prompt import PipelineGroup, RoutedGroup
 from router.front.state import RouterState
 from router.link.engine_client import EngineLinkError
 from router.routing.dispatch import Routed
-from serving.errors import EngineOutputError, error_json
+from serving.errors import EngineOutputError, ShuttingDownError, error_json
 from wire.engine import EngineCoreOutput
 
 _JSON = msgspec.json.Encoder()
@@ -34,7 +35,8 @@ ALL_LOGPROBS = 256_000
 class EngineResponse:
     """An ASGI app: runs the pipeline over the routed request's outputs and writes the answer."""
 
-    def __init__(self, state: RouterState, routed: Routed | RoutedGroup, spec: PipelineSpec,
+    def __init__(self, state: RouterState, routed: Routed | RoutedGroup | BeamAnswer,
+                 spec: PipelineSpec,
                  decoder: TokenDecoder, stream: bool,
                  pipeline: PipelineGroup | None = None,
                  parsers: ParserFactory | None = None) -> None:
@@ -106,7 +108,7 @@ class EngineResponse:
             work = task  # done: awaiting it below takes no loop pass
         try:
             body, code = _JSON.encode(await work), 200
-        except (EngineOutputError, EngineLinkError) as exc:
+        except (EngineOutputError, EngineLinkError, ShuttingDownError) as exc:
             body, code = error_json(exc), exc.status
         # A declared length: without it both servers frame the body chunked, and the client
         # waits for a third write (the empty last chunk) before the answer is complete.

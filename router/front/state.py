@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +21,22 @@ if TYPE_CHECKING:
     from render.protocol import GenerateRequest
     from render.service.state import Models, RenderState
     from router.config import RouterConfig
+    from router.front.beam_search import BeamAnswer
     from router.front.multi_prompt import RoutedGroup
     from router.front.render_client import RenderClient
     from router.kvfeed.kv_subscriber import KVSubscriber
-    from router.link.engine_client import EngineClient
+    from router.link.transport import EngineLinks
     from router.obs.metrics import RouterMetrics
+    from router.routing.adapters import Adapters
+    from router.routing.discovered import Reconciler
     from router.routing.dispatch import Dispatcher, Routed
+    from router.routing.drain import Drains
     from router.routing.fleet import Fleet
 
 STATE_KEY = "kvroute.router"
+# After the drain deadline has cut the open streams: how long they get to write their error event
+# and [DONE], and so how long the HTTP server then waits for what is left.
+CUT_GRACE = 2.0
 
 
 @dataclass
@@ -39,6 +46,8 @@ class Lifecycle:
     draining: bool = False
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Ends every request still open (router/front/shutdown.py; set by the lifespan).
+    cut: Callable[[], Awaitable[int]] | None = None
 
     def enter(self) -> None:
         self.active += 1
@@ -50,13 +59,21 @@ class Lifecycle:
             self.idle.set()
 
     async def drain(self, timeout: float) -> bool:
-        """Flip readiness, then wait for streams to finish; True if all did in time."""
+        """Flip readiness, then wait for streams to finish; True if all did in time. At the
+        deadline what is still open is cut (an error event and [DONE]) and gets CUT_GRACE to
+        write it."""
         self.draining = True
         if self.active == 0:
             return True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.idle.wait(), timeout)
-        return self.active == 0
+        if self.active == 0:
+            return True
+        if self.cut is not None:
+            await self.cut()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), CUT_GRACE)
+        return False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -67,17 +84,20 @@ class RouterState:
     render: RenderState  # the in-process render: models, limits, pool, codecs, metrics
     models: Models  # ``render.models``, read on every request
     remote: RenderClient | None  # set: render in the `kvroute render` service at --render-url
-    client: EngineClient
+    client: EngineLinks  # every engine, over ZMQ or HTTP
     kv: KVSubscriber
     index: PrefixIndex
     dispatcher: Dispatcher
     fleet: Fleet
+    drains: Drains  # drain-then-remove of engines (admin DELETE, discovery)
+    discovery: Reconciler | None  # engines found by [discovery], None without
     lifecycle: Lifecycle
     router_metrics: RouterMetrics
     decoders: dict[str, TokenDecoder]  # by served model name
     generate_decoder: msgspec.json.Decoder[GenerateRequest]
+    adapters: Adapters  # the LoRA adapters served (model names), loaded onto the engines
     # The requests on engines now, by request id (abort_requests, duplicate-id refusal).
-    active: dict[str, Routed | RoutedGroup] = field(default_factory=dict)
+    active: dict[str, Routed | RoutedGroup | BeamAnswer] = field(default_factory=dict)
 
 
 def router_state(state: MutableMapping[str, Any]) -> RouterState:

@@ -11,7 +11,9 @@ the last batches for replay on a ROUTER (``vllm/distributed/kv_events.py``). The
   (``engine_restarted``) clears an engine's index; a wipe otherwise comes only from a decoded
   ``AllBlocksCleared`` in this engine's feed;
 - counts and skips batches that fail to decode or that the index refuses; never dies on bad
-  input (``MAXMSGSIZE`` bounds a frame).
+  input (``MAXMSGSIZE`` bounds a frame);
+- a SUB it binds (an engine configured to connect to the router) admits only ``allowed_peers``
+  when given (a ZAP handler, pyzmq's authenticator, as on the engine client's sockets).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import msgspec
 import xxhash
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 
 from radix import PrefixIndex
 from radix.namespace import namespace_for, split_event_extra_keys
@@ -92,10 +95,15 @@ class KVSubscriber:
         *,
         replay_timeout: float = 2.0,
         max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
+        allowed_peers: Sequence[str] | None = None,
     ) -> None:
         self.sink = sink
         self.replay_timeout = replay_timeout
         self.max_msg_size = max_msg_size
+        # IP addresses admitted on the SUB sockets this subscriber binds; None: any peer that
+        # reaches the bound interface.
+        self.allowed_peers = tuple(allowed_peers) if allowed_peers is not None else None
+        self._auth: AsyncioAuthenticator | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._feeds: dict[str, _EngineFeed] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -110,10 +118,17 @@ class KVSubscriber:
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        if self.allowed_peers is not None:
+            self._auth = AsyncioAuthenticator(self._ctx, log=log)
+            self._auth.start()
+            self._auth.allow(*self.allowed_peers)
 
     async def close(self) -> None:
         for name in list(self._feeds):
             await self.remove_engine(name)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -136,6 +151,9 @@ class KVSubscriber:
             address = dial_address(endpoint, spec.host)
             sub.connect(address)
         else:
+            if self._auth is not None:
+                # A NULL-mechanism socket consults the ZAP handler only with a domain set.
+                sub.zap_domain = b"kvroute-engines"
             sub.bind(endpoint)
             address = sub.getsockopt_string(zmq.LAST_ENDPOINT)
         feed = _EngineFeed(spec, sub, address)
@@ -284,9 +302,11 @@ class KVSubscriber:
             c.decode_errors += 1
             return
         c.batches += 1
-        now = time.time()
         # vLLM stamps batches with time.time(): lag is only meaningful on one host.
-        c.lag = max(0.0, now - batch.ts)
+        c.lag = max(0.0, time.time() - batch.ts)
+        # The index's clock is the router's monotonic one: the routes noted optimistically
+        # expire on it, and a wall-clock "now" would expire every one at each event.
+        now = time.monotonic()
         engine = feed.spec.engine
         for ev in batch.events:
             c.events += 1

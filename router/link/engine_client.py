@@ -27,6 +27,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from router.config import EngineSpec
+from router.link.engine_health import close_monitors, idle_due, open_monitors, watch_connections
 from router.link.engine_outputs import NIL, OutputDecoder, decode_engine_outputs
 from router.link.engine_state import EngineState, EngineStatus
 from router.link.request_stream import RequestStream
@@ -116,8 +117,11 @@ class EngineClient:
         probe_interval: float = 0.1,
         max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
         allowed_peers: Sequence[str] | None = None,
+        idle_probe_after: float = 5.0,
     ) -> None:
         self.client_index = client_index
+        # A linked engine with no work, silent this long, is probed (router/link/engine_health).
+        self.idle_probe_after = idle_probe_after
         # ZMQ_MAXMSGSIZE of the output socket: a larger message disconnects its sender.
         self.max_msg_size = max_msg_size
         # IP addresses admitted on the engine-facing TCP sockets (a ZAP handler, pyzmq's
@@ -183,6 +187,7 @@ class EngineClient:
             eng.tasks.clear()
             self._fail_engine_requests(eng, closed)
             self._sync_inputs.pop(eng, None)
+            close_monitors(eng)
             for sock in eng.sockets():
                 sock.close(linger=0)
         if self._auth is not None:
@@ -218,7 +223,9 @@ class EngineClient:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
         try:
-            handshake.bind(spec.handshake)
+            # An engine linked as a peer router's has no handshake here (another router owns
+            # it): a private inproc address stands in, which nothing dials.
+            handshake.bind(spec.handshake or f"inproc://kvroute-no-handshake-{id(handshake):x}")
             inp.bind(spec.input_address)
             out.bind(spec.output_address)
         except zmq.ZMQError as e:
@@ -231,11 +238,14 @@ class EngineClient:
         eng = EngineState(spec, handshake, inp, out)
         self.engines[spec.name] = eng
         self._sync_inputs[eng] = zmq.Socket.shadow(inp.underlying)
+        open_monitors(eng)
         eng.tasks = [
             asyncio.create_task(self._supervise(eng, "listen", self._listen),
                                 name=f"listen-{spec.name}"),
             asyncio.create_task(self._supervise(eng, "control", self._control),
                                 name=f"control-{spec.name}"),
+            asyncio.create_task(self._supervise(eng, "connections", self._connections),
+                                name=f"connections-{spec.name}"),
         ]
         return eng
 
@@ -273,6 +283,7 @@ class EngineClient:
                 await task
         self._fail_engine_requests(eng, EngineUnavailableError(f"engine {name!r} was removed"))
         self._sync_inputs.pop(eng, None)
+        close_monitors(eng)
         for sock in eng.sockets():
             sock.close(linger=0)
 
@@ -578,6 +589,8 @@ class EngineClient:
                 )
                 if idle and lost:
                     probe = asyncio.create_task(self._probe(eng))
+                if idle_due(eng, time.monotonic(), self.idle_probe_after, self._busy(eng)):
+                    self._spawn_check(eng, idle=True)
                 wait_ms = int(self.probe_interval * 1000) if lost else LINKED_POLL_MS
         finally:
             if probe is not None:
@@ -594,6 +607,12 @@ class EngineClient:
             eng.dropped_event.set()
             return
         ident, payload = frames
+        if (self.client_index and eng.status is EngineStatus.CONNECTING
+                and not eng.spec.handshake and ident == eng.identity):
+            # A peer router's engine sends its ready map to every frontend it was given; this
+            # router took no part in that handshake and adopts the engine by probe instead.
+            log.debug("engine %s: ready map as a peer router, ignored", eng.spec.name)
+            return
         if eng.status is not EngineStatus.HANDSHAKING or eng.ready is not None:
             self._refuse_input(eng, ident)
             return
@@ -653,9 +672,11 @@ class EngineClient:
             eng.ready_event.clear()
             # The new process's DEALER replaces the old one's connection, if that lingers.
             eng.input.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            meta = EngineHandshakeMetadata(
-                EngineZmqAddresses(inputs=[eng.input_endpoint], outputs=[eng.output_endpoint])
-            )
+            # This router's sockets first (client index 0), then the peer routers' (vLLM's
+            # multi-frontend lists): the engine connects to every one of them.
+            meta = EngineHandshakeMetadata(EngineZmqAddresses(
+                inputs=[eng.input_endpoint, *eng.spec.peer_inputs],
+                outputs=[eng.output_endpoint, *eng.spec.peer_outputs]))
             await eng.handshake.send_multipart((ident, msgspec.msgpack.encode(meta)))
         elif status.status == "READY":
             if eng.status is not EngineStatus.HANDSHAKING or ident != eng.hello_identity:
@@ -673,7 +694,64 @@ class EngineClient:
             eng.counters.refused_handshakes += 1
             eng.dropped_event.set()
 
+    async def _connections(self, eng: EngineState) -> None:
+        async def dropped(eng: EngineState) -> None:
+            self._spawn_check(eng, idle=False)
+
+        await watch_connections(eng, dropped)
+
+    def _busy(self, eng: EngineState) -> bool:
+        return bool(eng.in_flight) or any(o is eng for o, _ in self._utility.values())
+
+    def _spawn_check(self, eng: EngineState, *, idle: bool) -> None:
+        if eng.checking or eng.status is not EngineStatus.READY:
+            return
+        eng.checking = True
+        eng.counters.health_probes += 1
+        eng.tasks.append(asyncio.create_task(self._check_alive(eng, idle),
+                                             name=f"check-{eng.spec.name}"))
+
+    async def _check_alive(self, eng: EngineState, idle: bool) -> None:
+        """A probe after a dropped connection (``idle``: after a quiet spell without work): the
+        engine is dead if its input no longer routes the call, or, idle, if it stays
+        unanswered past VERIFY_TIMEOUT (a busy engine's slow answer is the watchdog's case).
+
+        libzmq reports a dropped connection before its socket has let go of the peer, so a
+        first call may still route (into a pipe being torn down): unanswered, the call is sent
+        again after 50, 100, 200 ... ms until one is answered or cannot be routed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + VERIFY_TIMEOUT
+        delay = 0.05
+        calls: set[asyncio.Future[Any]] = set()
+        try:
+            while eng.status is EngineStatus.READY:
+                calls.add(asyncio.ensure_future(
+                    self._utility_call(eng, PROBE_METHOD, (), grace=0.0)))
+                left = deadline - loop.time()
+                done, calls = await asyncio.wait(calls, timeout=max(min(delay, left), 0.0),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                failures = [call.exception() for call in done]
+                if any(e is None or isinstance(e, UtilityCallError) for e in failures):
+                    return  # answered: it is there
+                if any(isinstance(e, EngineLinkError) for e in failures):
+                    if eng.status is EngineStatus.READY:
+                        self._engine_died(eng, "its connection dropped", maybe_hung=True)
+                    return
+                if loop.time() >= deadline:
+                    if idle and eng.status is EngineStatus.READY and not eng.in_flight:
+                        self._engine_died(eng, f"no answer to a probe in {VERIFY_TIMEOUT:g}s "
+                                          "while idle", maybe_hung=True)
+                    return
+                delay *= 2
+        finally:
+            for call in calls:
+                call.cancel()
+            eng.checking = False
+            current = asyncio.current_task()
+            eng.tasks[:] = [t for t in eng.tasks if t is not current]
+
     def _mark_ready(self, eng: EngineState, *, adopted: bool) -> None:
+        eng.clear_stats()  # its load is what it reports from now on
         eng.status = EngineStatus.READY
         eng.adopted = adopted or eng.adopted
         eng.death_reason = None
@@ -683,6 +761,7 @@ class EngineClient:
         eng.connect_event.set()
 
     def _engine_died(self, eng: EngineState, reason: str, *, maybe_hung: bool = False) -> None:
+        eng.clear_stats()
         eng.status = EngineStatus.DEAD
         eng.death_reason = reason
         eng.maybe_hung = maybe_hung
@@ -706,9 +785,8 @@ class EngineClient:
             await asyncio.sleep(period)
             now = time.monotonic()
             for eng in list(self.engines.values()):
-                busy = eng.in_flight or any(o is eng for o, _ in self._utility.values())
                 if (
-                    busy
+                    self._busy(eng)
                     and eng.status is EngineStatus.READY
                     and now - eng.last_output > self.dead_after
                 ):

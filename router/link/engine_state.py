@@ -45,6 +45,10 @@ class LinkCounters(msgspec.Struct):
     refused_stats: int = 0  # scheduler_stats of the wrong type or out of range
     forged_deaths: int = 0  # ENGINE_CORE_DEAD while the engine still answers
     task_restarts: int = 0  # a background task failed and was restarted
+    # Health (router/link/engine_health.py): connections the input/output sockets lost, and
+    # probes sent because of one or of a quiet spell.
+    disconnects: int = 0
+    health_probes: int = 0
 
 
 def _endpoint(sock: zmq.asyncio.Socket, advertise_host: str | None = None) -> str:
@@ -130,6 +134,9 @@ class EngineState:
         # The handshake identity whose HELLO was answered (READY is accepted from it only).
         self.hello_identity: bytes | None = None
         self.verifying_death = False  # an ENGINE_CORE_DEAD is being checked (see the client)
+        self.checking = False  # a health probe is out (router/link/engine_health.py)
+        # Monitor sockets of the input and output sockets (router/link/engine_health.py).
+        self.monitors: list[zmq.asyncio.Socket] = []
         # Set whenever something is dropped and counted (a stranger's or a malformed message):
         # for tests and tools that wait for the drop; waiters clear it.
         self.dropped_event = asyncio.Event()
@@ -147,6 +154,16 @@ class EngineState:
         self._stats_raw = raw
         self._stats = None
         self._counts = None
+        self._refusal_counted = False
+
+    def clear_stats(self) -> None:
+        """Forget the load a previous process (or link) reported: a new or re-adopted engine's
+        load is what it reports next, zeros until then."""
+        self._stats_raw = None
+        self._stats = None
+        self._counts = None
+        self._good_stats = None
+        self._good_counts = _NO_COUNTS
         self._refusal_counted = False
 
     def _refuse_stats(self) -> None:

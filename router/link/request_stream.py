@@ -4,8 +4,32 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Protocol
 
 from wire.engine import EngineCoreOutput
+
+
+class ChoiceStream(Protocol):
+    """What the answer reads for one choice: a ``RequestStream``, or one that can go on on
+    another engine (router/routing/resume.py)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def queued(self) -> int: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+    def __aiter__(self) -> ChoiceStream: ...
+
+    async def __anext__(self) -> EngineCoreOutput: ...
 
 
 class RequestStream:

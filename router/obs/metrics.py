@@ -42,6 +42,23 @@ class _Snapshot(Collector):
             yield c
 
 
+class _Plain(Collector):
+    """Unlabelled gauges and counters from one snapshot callable, at scrape time."""
+
+    def __init__(self, read: Callable[[], dict[str, float]], gauges: dict[str, str],
+                 counters: dict[str, str]):
+        self._read = read
+        self._gauges = gauges
+        self._counters = counters
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        values = self._read()
+        for key, doc in self._gauges.items():
+            yield GaugeMetricFamily(f"kvroute_{key}", doc, value=values.get(key, 0.0))
+        for key, doc in self._counters.items():
+            yield CounterMetricFamily(f"kvroute_{key}", doc, value=values.get(key, 0.0))
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -88,6 +105,13 @@ class RouterMetrics:
             "kvroute_in_flight", "Requests the router has on an engine", ["engine"], registry=r)
         self.stream_errors = Counter(
             "kvroute_stream_errors", "Streams ended with an error chunk", registry=r)
+        self.resumes = Counter(
+            "kvroute_resumes", "Streams whose engine died after a token, by outcome: resumed "
+            "on another engine, or failed (no engine, or it failed too)", ["outcome"],
+            registry=r)
+        self.resumed_tokens = Counter(
+            "kvroute_resumed_tokens", "Tokens sent again as a resumed request's prompt (its "
+            "prompt plus the output so far)", registry=r)
         # What every routed request updates, as tallies (router/obs/metric_tally.py): requests by
         # (endpoint, status), decisions by (policy, reason, engine), cached tokens by engine.
         t = self.tallies
@@ -116,6 +140,22 @@ class RouterMetrics:
             "kv_event_gaps": "Sequence gaps detected (each triggers a replay)",
             "kv_event_replays": "Replays requested",
             "kv_event_decode_errors": "Batches that failed to decode",
+        }))
+
+    def watch_discovery(self, read: Callable[[], dict[str, float]]) -> None:
+        """Engine discovery ([discovery]): what it found and did, read at scrape time."""
+        self.registry.register(_Plain(read, {
+            "discovery_endpoints": "Endpoints the discovery source reports now (ready or not)",
+            "discovery_ready_endpoints": "Of those, the ready ones",
+            "discovery_engines": "Discovered engines serving (joined, not draining)",
+            "discovery_draining": "Discovered engines draining before removal",
+            "discovery_held_back": "Ready endpoints waiting for room under max_engines",
+        }, {
+            "discovery_changes": "Engine-set changes the source reported",
+            "discovery_joins": "Discovered engines joined",
+            "discovery_drains": "Discovered engines drained (left, not ready, moved)",
+            "discovery_taken_back": "Drains cancelled: ready again at the same address",
+            "discovery_removals": "Discovered engines removed after their drain",
         }))
 
     def exposition(self) -> bytes:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,12 +14,16 @@ import msgspec
 
 from render.errors import BadRequestError
 from router.kvfeed.kv_subscriber import kv_namespace
-from router.link.engine_client import EngineClient, EngineLinkError, EngineStatus, RequestStream
+from router.link.engine_state import EngineStatus
+from router.link.request_stream import ChoiceStream, RequestStream
+from router.link.transport import EngineLinks
 from router.obs.metrics import RouterMetrics
+from router.routing.adapters import Adapters
 from router.routing.admission import Admission
 from router.routing.policy import Decision, NoEngineError, Policy
-from serving.errors import OverloadedError
-from wire.engine import EngineCoreOutput, EngineCoreRequest, LoRARequest
+from router.routing.resume import ResumableStream, resumable
+from serving.errors import APIError, EngineLinkError, OverloadedError
+from wire.engine import EngineCoreOutput, EngineCoreRequest, FinishReason, LoRARequest
 from wire.sampling import SamplingParams
 
 log = logging.getLogger("kvroute.router")
@@ -32,7 +36,7 @@ class Placed(Protocol):
     """Engine streams holding router slots: one routed request, or several (multi_prompt.py)."""
 
     @property
-    def streams(self) -> list[RequestStream]: ...
+    def streams(self) -> list[ChoiceStream]: ...
 
 
 @dataclass(slots=True)
@@ -41,7 +45,7 @@ class Routed:
 
     decision: Decision
     uncached_tokens: int
-    streams: list[RequestStream]
+    streams: list[ChoiceStream]
     first: list[EngineCoreOutput]
     attempts: int = 1
     _prefilled: bool = field(default=False)
@@ -62,9 +66,14 @@ class Routed:
 class Dispatcher:
     """Chooses the engine (policy over healthy engines with free slots), submits, retries once."""
 
-    def __init__(self, client: EngineClient, policy: Policy, admission: Admission,
-                 metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, client: EngineLinks, policy: Policy, admission: Admission,
+                 metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic,
+                 adapters: Adapters | None = None, max_resumes: int = 0) -> None:
         self.client = client
+        # The LoRA adapters and the engines that loaded each (None: no adapter is served).
+        self.adapters = adapters
+        # How often one choice may go on on another engine after its engine died (0: never).
+        self.max_resumes = max_resumes
         self.policy = policy
         self.admission = admission
         self.metrics = metrics
@@ -103,41 +112,118 @@ class Dispatcher:
     async def open(
         self, request_id: str, tokens: Sequence[int], params: SamplingParams, *,
         lora: LoRARequest | None = None, cache_salt: str | None = None, priority: int = 0,
+        session_id: str | None = None,
     ) -> Routed:
         """Place the request (n choices fanned out as vLLM does) and wait for its first outputs.
 
         Raises OverloadedError (no slot / no engine) or EngineLinkError (failed twice before a
-        token).
+        token). A LoRA request goes only to engines that loaded its adapter.
         """
         namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
         excluded: set[str] = set()
+        holders: frozenset[str] | None = None
+        if lora is not None:
+            excluded, holders = self._lora_engines(lora)
         last_error: EngineLinkError | None = None
         for attempt in (1, 2):
-            chosen = await self._choose(tokens, namespace, excluded)
+            chosen = await self._choose(tokens, namespace, excluded, holders)
             if chosen is None:
                 break
             decision, note = chosen
             children = _fan_out(request_id, tokens, params, params.n, lora, cache_salt,
-                                priority)
+                                priority, session_id)
             try:
-                return await self._place(request_id, len(tokens), children, decision, note,
-                                         attempt)
+                routed = await self._place(request_id, len(tokens), children, decision, note,
+                                           attempt)
             except (EngineLinkError, StopAsyncIteration) as exc:
                 # Nothing reached the client yet: try another engine, once.
                 last_error = exc if isinstance(exc, EngineLinkError) else EngineLinkError(str(exc))
                 engine = decision.engine
+                self.policy.index.forget_routed(engine, tokens, namespace)
                 excluded.add(engine)
                 self._failed(engine)
                 if attempt == 1:
                     self.metrics.retries.inc()
                 log.warning("engine failed before the first token", extra={
                     "request_id": request_id, "engine": engine, "error": str(exc)})
+                continue
+            if any(out.error is not None or out.finish_reason == FinishReason.ERROR
+                   for out in routed.first):
+                # The engine refused the request (its answer says why): it caches nothing.
+                self.policy.index.forget_routed(decision.engine, tokens, namespace)
+                return routed
+            if lora is not None and self.adapters is not None:
+                self.adapters.routed(decision.engine, lora)
+            if self.max_resumes and resumable(params):
+                self._resumable(routed, children)
+            return routed
         if last_error is not None:
             raise last_error
+        if lora is not None:
+            raise OverloadedError(503, f"No healthy engine has the LoRA adapter "
+                                       f"'{lora.lora_name}' loaded; retry later.",
+                                  self.admission.retry_after)
         raise OverloadedError(503, "No healthy engine is available; retry later.",
                          self.admission.retry_after)
 
-    async def _choose(self, tokens: Sequence[int], namespace: Hashable, excluded: set[str]
+    def _lora_engines(self, lora: LoRARequest) -> tuple[set[str], frozenset[str]]:
+        """The engines a LoRA request must not go to (they did not load its adapter), and
+        those holding it loaded now."""
+        if self.adapters is None:
+            return set(self.client.engines), frozenset()
+        usable = self.adapters.usable(lora)
+        return {e for e in self.client.engines if e not in usable}, self.adapters.holders(lora)
+
+    def _resumable(self, routed: Routed, children: list[EngineCoreRequest]) -> None:
+        """Each unfinished choice goes on on another engine if its engine dies (resume.py)."""
+        lora, salt, priority = children[0].lora_request, children[0].cache_salt, \
+            children[0].priority
+
+        async def reopen(request_id: str, tokens: Sequence[int], params: SamplingParams,
+                         excluded: Collection[str]) -> tuple[RequestStream, EngineCoreOutput]:
+            return await self._reopen(request_id, tokens, params, lora, salt, priority,
+                                      set(excluded))
+
+        for i, stream in enumerate(routed.streams):
+            if isinstance(stream, RequestStream) and not routed.first[i].finished:
+                routed.streams[i] = ResumableStream(
+                    stream, children[i], routed.first[i], reopen=reopen,
+                    release=self.admission.release, abort=self.client.abort,
+                    metrics=self.metrics, max_resumes=self.max_resumes)
+
+    async def _reopen(self, request_id: str, tokens: Sequence[int], params: SamplingParams,
+                      lora: LoRARequest | None, cache_salt: str | None, priority: int,
+                      excluded: set[str]) -> tuple[RequestStream, EngineCoreOutput]:
+        """Place one resumed choice on an engine not in ``excluded`` and read its first output;
+        raises OverloadedError (no engine) or the engine's error (no retry: the caller ends the
+        stream)."""
+        namespace = kv_namespace(lora.lora_name if lora else None, cache_salt)
+        holders: frozenset[str] | None = None
+        if lora is not None:
+            blocked, holders = self._lora_engines(lora)
+            excluded |= blocked
+        chosen = await self._choose(tokens, namespace, excluded, holders)
+        if chosen is None:
+            raise OverloadedError(503, "No healthy engine is available to resume on.",
+                                  self.admission.retry_after)
+        decision, note = chosen
+        child = EngineCoreRequest(request_id, list(tokens), None, params, None, time.time(),
+                                  lora, cache_salt, None, priority=priority)
+        try:
+            routed = await self._place(request_id, len(tokens), [child], decision, note, 1)
+        except StopAsyncIteration as exc:
+            raise EngineLinkError(f"the resumed request ended at once ({exc!r})") from None
+        except EngineLinkError:
+            self._failed(decision.engine)
+            raise
+        stream = routed.streams[0]
+        assert isinstance(stream, RequestStream)
+        log.warning("stream resumed on another engine", extra={
+            "request_id": request_id, "engine": decision.engine, "tokens": len(tokens)})
+        return stream, routed.first[0]
+
+    async def _choose(self, tokens: Sequence[int], namespace: Hashable, excluded: set[str],
+                      holders: frozenset[str] | None = None
                       ) -> tuple[Decision, Callable[[], object]] | None:
         """The policy's decision over the open healthy engines not excluded, waiting for a slot
         if none is open (or others queue first); None: no engine to wait for."""
@@ -159,7 +245,7 @@ class Dispatcher:
             open_now = candidates()
         loads = admission.loads(open_now, self._engine_stats)
         try:
-            return self.policy.decide(tokens, namespace, loads, self.clock())
+            return self.policy.decide(tokens, namespace, loads, self.clock(), holders)
         except NoEngineError:
             return None
 
@@ -173,7 +259,7 @@ class Dispatcher:
         share = uncached // len(children)
         for _ in children:
             self.admission.take(engine, share)
-        streams: list[RequestStream] = []
+        streams: list[ChoiceStream] = []
         noted = False
         try:
             for child in children:
@@ -200,6 +286,10 @@ class Dispatcher:
             await self._withdraw(engine, share, [c.request_id for c in children], len(children))
             if not noted:
                 self._log_decision(request_id, decision, prompt_tokens, attempt)
+            raise
+        except APIError:
+            # An HTTP engine refused the request as the client's error (its 4xx): no retry.
+            await self._withdraw(engine, share, [c.request_id for c in children], len(children))
             raise
         for _ in children:
             self.admission.prefilled(engine, share)
@@ -254,19 +344,20 @@ class Dispatcher:
 
 
 def _fan_out(request_id: str, tokens: Sequence[int], params: SamplingParams, n: int,
-             lora: LoRARequest | None, cache_salt: str | None, priority: int
-             ) -> list[EngineCoreRequest]:
+             lora: LoRARequest | None, cache_salt: str | None, priority: int,
+             session_id: str | None = None) -> list[EngineCoreRequest]:
     now = time.time()
     if n == 1:
         return [EngineCoreRequest(request_id, list(tokens), None, params, None, now, lora,
-                                  cache_salt, None, priority=priority)]
+                                  cache_salt, None, priority=priority, session_id=session_id)]
     out = []
     for i in range(n):
         # vLLM's ParentRequest: child i is "{i}_{id}" with n=1 and seed + i when seeded.
         seed = None if params.seed is None else params.seed + i
         child = msgspec.structs.replace(params, n=1, seed=seed)
         out.append(EngineCoreRequest(f"{i}_{request_id}", list(tokens), None, child, None, now,
-                                     lora, cache_salt, None, priority=priority))
+                                     lora, cache_salt, None, priority=priority,
+                                     session_id=session_id))
     return out
 
 

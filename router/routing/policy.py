@@ -6,7 +6,7 @@ import math
 import random
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -31,6 +31,8 @@ class PrefixMatcher(Protocol):
 
     def note_routed_keys(self, engine: str, prompt: Any, now: float, ttl: float) -> object: ...
 
+    def forget_routed(self, engine: str, tokens: Sequence[int], namespace: Hashable) -> None: ...
+
 
 def _head_hash(tokens: Sequence[int]) -> int:
     return xxhash.xxh3_64_intdigest(array("q", tokens[:_HEAD_TOKENS]).tobytes())
@@ -44,6 +46,13 @@ def _rendezvous_order(head: int, loads: Sequence[EngineLoad]) -> list[EngineLoad
 
 def _nothing() -> None:
     return None
+
+
+def _preferred(loads: Sequence[EngineLoad], lacks: Callable[[EngineLoad], bool]
+               ) -> Sequence[EngineLoad]:
+    """The loads that do not lack what the request prefers (its adapter), else all of them."""
+    kept = [load for load in loads if not lacks(load)]
+    return kept or loads
 
 
 class NoEngineError(Exception):
@@ -128,19 +137,25 @@ class Policy:
         self._homes: OrderedDict[int, str] = OrderedDict()  # prompt head -> last engine, LRU
 
     def choose(
-        self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float
+        self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float,
+        holders: Collection[str] | None = None,
     ) -> Decision:
         """Pick among ``loads`` (healthy engines with capacity, any order) and note the route."""
-        decision, note = self.decide(tokens, namespace, loads, now)
+        decision, note = self.decide(tokens, namespace, loads, now, holders)
         note()
         return decision
 
     def decide(
-        self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float
+        self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad], now: float,
+        holders: Collection[str] | None = None,
     ) -> tuple[Decision, Callable[[], object]]:
         """``choose`` with the note in the index left to the caller: the dispatcher sends the
         request first and notes it right after, with no await in between (so no other decision
-        can miss it), keeping the index update off the request's critical path."""
+        can miss it), keeping the index update off the request's critical path.
+
+        ``holders``: for a LoRA request, the engines holding its adapter loaded now; where
+        cache_aware finds the cache hits equal, it prefers them (no adapter load before the
+        request starts, and an adapter's requests keep to few engines)."""
         if not loads:
             raise NoEngineError("no healthy engine with free capacity")
         ordered = sorted(loads, key=lambda load: load.engine)  # determinism across callers
@@ -148,7 +163,7 @@ class Policy:
         cached = self._predicted_cached(tokens, namespace, now, prompt)
         name = self.config.name
         if name == "cache_aware":
-            load, reason = self._cache_aware(tokens, cached, ordered)
+            load, reason = self._cache_aware(tokens, cached, ordered, holders)
         elif name == "shortest_queue":
             load, reason = self._least_loaded(ordered), "shortest_queue"
         elif name == "round_robin":
@@ -166,10 +181,16 @@ class Policy:
         return decision, lambda: index.note_routed_keys(load.engine, prompt, now, ttl)
 
     def _cache_aware(
-        self, tokens: Sequence[int], cached: dict[str, int], loads: Sequence[EngineLoad]
+        self, tokens: Sequence[int], cached: dict[str, int], loads: Sequence[EngineLoad],
+        holders: Collection[str] | None = None,
     ) -> tuple[EngineLoad, str]:
         cfg = self.config
         n_tokens = len(tokens)
+
+        def lacks(load: EngineLoad) -> bool:
+            """Not holding the request's adapter loses ties of cache hits (and of cost)."""
+            return holders is not None and load.engine not in holders
+
         # 1. SGLang's escape hatch: a badly imbalanced fleet goes to the least loaded engine.
         if cfg.balance_abs_threshold is not None and cfg.balance_rel_threshold is not None:
             counts = [load.requests for load in loads]
@@ -183,8 +204,8 @@ class Policy:
         if cfg.cache_threshold is not None:
             if best <= cfg.cache_threshold * n_tokens:
                 return self._least_loaded(loads), "below_cache_threshold"
-            holders = [load for load in loads if cached.get(load.engine, 0) == best]
-            return self._least_loaded(holders), "prefix_hit"
+            best_loads = [load for load in loads if cached.get(load.engine, 0) == best]
+            return self._least_loaded(_preferred(best_loads, lacks)), "prefix_hit"
         # 3. Nothing (much) cached anywhere: the engine this prompt head last went to, within a
         # load bound, else the least loaded engine (ties in rendezvous-hash order of the head).
         # A tenant whose prefix was evicted thus returns to its engine instead of copying its
@@ -193,21 +214,25 @@ class Policy:
         head = _head_hash(tokens)
         ranked = _rendezvous_order(head, loads)
         if best < cfg.min_hit_fraction * n_tokens:
+            # Cold everywhere: among the adapter's holders if one is within the load bound.
+            total = sum(load.requests for load in loads)
+            bound = math.ceil(cfg.cold_load_factor * (total + 1) / len(loads))
+            pool = _preferred(ranked, lacks)
+            if min(load.requests for load in pool) + 1 > bound:
+                pool = ranked
             last = self._homes.get(head)
-            home = next((load for load in loads if load.engine == last), None)
-            if home is not None:
-                total = sum(load.requests for load in loads)
-                if home.requests + 1 > math.ceil(cfg.cold_load_factor * (total + 1) / len(loads)):
-                    home = None
-            return self._remember(head, home or self._least_loaded(ranked)), "cold"
+            home = next((load for load in pool if load.engine == last), None)
+            if home is not None and home.requests + 1 > bound:
+                home = None
+            return self._remember(head, home or self._least_loaded(pool)), "cold"
         # 4. The cost: prompt tokens still to compute here + the work already queued here
         # (ties in rendezvous order, so a spilled prefix also keeps to one engine).
         order = {load.engine: i for i, load in enumerate(ranked)}
 
-        def cost(load: EngineLoad) -> tuple[float, int, int]:
+        def cost(load: EngineLoad) -> tuple[float, bool, int, int]:
             uncached = n_tokens - cached.get(load.engine, 0)
-            return (uncached + cfg.load_weight * load.work(cfg.request_tokens), load.requests,
-                    order[load.engine])
+            return (uncached + cfg.load_weight * load.work(cfg.request_tokens), lacks(load),
+                    load.requests, order[load.engine])
 
         choice = min(loads, key=cost)
         hit = cached.get(choice.engine, 0)

@@ -1,0 +1,287 @@
+"""kvroute vs SGLang Model Gateway vs vllm-router on one simulated fleet, graded by the engines.
+
+    .venv/bin/python bench/compare.py                       # the full comparison (~20 min)
+    .venv/bin/python bench/compare.py --routers kvroute-http --workloads tenants \\
+        --engines 2 --seconds 5 --scale 0.3 --no-rss     # a miniature (what the test runs)
+
+One fleet of N simulated engines (bench/compare_fleet.py: both faces, real prefix caches and KV
+events, step time growing with batch and uncached prompt tokens) serves every run. For each
+workload (bench/compare_workloads.py) each router (bench/compare_routers.py) in turn is started
+in front of the fleet with emptied caches, the same schedule of streamed chats is replayed at a
+fixed rate (bench/compare_client.py), and the run is graded by:
+  - the ENGINES' /metrics: prefix-cache hit rate in tokens, queue time and TTFT as the engine
+    sees it, requests per engine (load spread);
+  - the client: TTFT (first SSE event) p50/p99, errors;
+  - the processes (psutil): router CPU per request and RSS, engines' CPU per request.
+Then each router with caches emptied gets unique prompts back to back, and its RSS growth per
+100k unique prompts is measured. Results go to a JSON file, tables and the targets to stdout
+(bench/compare_report.py), the figure to --plot. The order of routers rotates by workload so
+drift on the shared machine does not always favour the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import psutil  # noqa: E402
+from compare_anchors import Anchors, ensure_anchors  # noqa: E402
+from compare_client import run_in_process  # noqa: E402
+from compare_fleet import Fleet, SimTiming  # noqa: E402
+from compare_metrics import (  # noqa: E402
+    RssSampler,
+    cpu_seconds,
+    merge,
+    pct,
+    rss_bytes,
+)
+from compare_report import markdown, plot  # noqa: E402
+from compare_routers import ANCHOR_ROUTERS, ROUTERS, Running, launch  # noqa: E402
+from compare_workloads import WORKLOADS, Spec, Workload, build, chat, text  # noqa: E402
+
+from bench.httpload import run_in_process as closed_loop  # noqa: E402
+
+MODEL = "qwen3"
+MB = 1024 * 1024
+RSS_ROUTERS = ("kvroute-http", "sglang", "vllm-cache")
+
+
+class Progress:
+    """One status line on stderr, rewritten while a run goes; a summary line per finished run."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.index = 0
+        self.t0 = time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def start(self, label: str) -> None:
+        self.index += 1
+        self.label = label
+        self.update("starting")
+
+    def update(self, status: str) -> None:
+        line = (f"[{self.index}/{self.total} {time.monotonic() - self.t0:5.0f}s] "
+                f"{self.label}: {status}")
+        if self.tty:
+            print("\r\x1b[2K" + line, end="", file=sys.stderr, flush=True)
+
+    def done(self, summary: str) -> None:
+        if self.tty:
+            print("\r\x1b[2K", end="", file=sys.stderr)
+        print(f"[{self.index}/{self.total} {time.monotonic() - self.t0:5.0f}s] {self.label}: "
+              f"{summary}", file=sys.stderr, flush=True)
+
+
+def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs: Path,
+            progress: Progress) -> dict[str, Any]:
+    fleet.reset()
+    router = Running(launch(name, fleet, anchors), logs / f"{wl.name}-{name}.log")
+    try:
+        ready_s = router.wait_ready()
+        ps = psutil.Process(router.proc.pid)
+        # Warm the router (first-request work: tokenizer loads, connections to each engine),
+        # then empty the caches again: every run starts cold in cache, warm in process.
+        progress.update("warm-up")
+        warm = warmup_schedule(len(fleet.engines))
+        run_in_process("127.0.0.1", router.spec.port, warm, lambda d, e: None, timeout=120.0)
+        fleet.reset()
+        before, cpu_r0, cpu_e0 = fleet.snapshot(), cpu_seconds(ps), fleet.cpu()
+        rss_start = rss_bytes(ps)
+        schedule = [(r.at, r.body) for r in wl.requests]
+        last = wl.requests[-1].at if wl.requests else 0.0
+
+        def on_progress(done: int, errors: int) -> None:
+            progress.update(f"{done}/{len(schedule)} answered, {errors} errors")
+
+        with RssSampler(ps) as rss:
+            results = run_in_process("127.0.0.1", router.spec.port, schedule, on_progress,
+                                     timeout=last + 180.0)
+        after, cpu_r1, cpu_e1 = fleet.snapshot(), cpu_seconds(ps), fleet.cpu()
+    finally:
+        router.stop()
+    fleet.check_alive()
+    deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    fleet_delta = merge(deltas)
+    c = fleet_delta.counters
+    queries = c.get("vllm:prefix_cache_queries_total", 0.0)
+    hits = c.get("vllm:prefix_cache_hits_total", 0.0)
+    ok = [r for r in results if r.error is None]
+    ttfts = [r.ttft for r in ok if r.ttft == r.ttft]
+    per_engine = [d.hists["vllm:time_to_first_token_seconds"].count for d in deltas]
+    n = max(len(results), 1)
+    ttft_h = fleet_delta.hists["vllm:time_to_first_token_seconds"]
+    queue_h = fleet_delta.hists["vllm:request_queue_time_seconds"]
+    engine_cpu = sum(cpu_e1) - sum(cpu_e0)
+    out = {
+        "requests": len(results), "errors": len(results) - len(ok),
+        "first_error": next((r.error for r in results if r.error is not None), None),
+        "hit_rate": hits / queries if queries else float("nan"),
+        "prompt_tokens": c.get("vllm:prompt_tokens_total", 0.0),
+        "ttft_p50_ms": pct(ttfts, 0.50) * 1e3, "ttft_p99_ms": pct(ttfts, 0.99) * 1e3,
+        "ttft_mean_ms": sum(ttfts) / len(ttfts) * 1e3 if ttfts else float("nan"),
+        "latency_p50_ms": pct([r.latency for r in ok], 0.50) * 1e3,
+        "max_send_lag_ms": max((r.late for r in results), default=0.0) * 1e3,
+        "engine_ttft_mean_ms": ttft_h.mean * 1e3, "engine_ttft_p50_ms": ttft_h.quantile(0.5) * 1e3,
+        "engine_ttft_p99_ms": ttft_h.quantile(0.99) * 1e3,
+        "engine_queue_mean_ms": queue_h.mean * 1e3,
+        "engine_queue_p99_ms": queue_h.quantile(0.99) * 1e3,
+        "requests_per_engine": per_engine,
+        "load_spread": max(per_engine) / (sum(per_engine) / len(per_engine))
+        if sum(per_engine) else float("nan"),
+        "router_cpu_ms_per_req": (cpu_r1 - cpu_r0) / n * 1e3,
+        "engine_cpu_ms_per_req": engine_cpu / n * 1e3,
+        "total_cpu_ms_per_req": (cpu_r1 - cpu_r0 + engine_cpu) / n * 1e3,
+        "router_rss_start_mb": rss_start / MB, "router_rss_peak_mb": rss.peak / MB,
+        "router_rss_end_mb": rss.last / MB, "router_ready_s": ready_s,
+        # The slowest first tokens and when they were due: a cold start or a burst shows here.
+        "slowest_ttft": [(round(r.at, 2), round(r.ttft * 1e3, 1)) for r in
+                         sorted(ok, key=lambda r: -r.ttft if r.ttft == r.ttft else 0)[:5]],
+    }
+    progress.done(f"hit {out['hit_rate']:.3f}, TTFT p50 {out['ttft_p50_ms']:.1f} ms p99 "
+                  f"{out['ttft_p99_ms']:.1f} ms, {out['errors']} errors, router "
+                  f"{out['router_cpu_ms_per_req']:.2f} ms CPU/req, "
+                  f"{out['router_rss_peak_mb']:.0f} MB")
+    return out
+
+
+def warmup_schedule(engines: int) -> list[tuple[float, bytes]]:
+    """Short chats unrelated to any workload, a few per engine, in two waves."""
+    rng = random.Random(99)
+    bodies = [chat([{"role": "user", "content": f"warm-up {i}" + text(rng, 100)}], MODEL, 4)
+              for i in range(4 * engines)]
+    return [(0.5 * (i % 2), b) for i, b in enumerate(bodies)]
+
+
+def unique_bodies(count: int, tokens: int, seed: int = 7) -> list[bytes]:
+    rng = random.Random(seed)
+    return [chat([{"role": "user", "content": f"{i}" + text(rng, tokens)}], MODEL, 1)
+            .replace(b'"stream": true', b'"stream": false') for i in range(count)]
+
+
+def rss_growth(fleet: Fleet, name: str, anchors: Anchors | None, logs: Path, seconds: float,
+               bodies: list[bytes], progress: Progress) -> dict[str, Any]:
+    """RSS growth while ``bodies`` (unique prompts) go through back to back, after a warm-up."""
+    fleet.reset()
+    router = Running(launch(name, fleet, anchors), logs / f"rss-{name}.log")
+    try:
+        router.wait_ready()
+        ps = psutil.Process(router.proc.pid)
+        warm = 200
+        progress.update("warm-up")
+        closed_loop("127.0.0.1", router.spec.port, bodies[:warm], concurrency=8,
+                    path="/v1/chat/completions", requests=warm, max_seconds=60)
+        rss0 = rss_bytes(ps)
+        progress.update(f"unique prompts for {seconds:.0f} s")
+        stats = closed_loop("127.0.0.1", router.spec.port, bodies[warm:], concurrency=16,
+                            path="/v1/chat/completions", requests=len(bodies) - warm,
+                            max_seconds=seconds)
+        rss1 = rss_bytes(ps)
+    finally:
+        router.stop()
+    sent = max(stats.sent, 1)
+    out = {"requests": stats.sent, "errors": stats.errors, "rss_before_mb": rss0 / MB,
+           "rss_after_mb": rss1 / MB, "mb_per_100k": (rss1 - rss0) / MB / sent * 1e5}
+    progress.done(f"{stats.sent} unique prompts ({stats.errors} errors), RSS "
+                  f"{out['rss_before_mb']:.0f} -> {out['rss_after_mb']:.0f} MB, "
+                  f"{out['mb_per_100k']:.1f} MB per 100k")
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=15.0, help="schedule length per run")
+    p.add_argument("--rate", type=float, default=24.0, help="requests per second")
+    p.add_argument("--scale", type=float, default=1.0, help="prompt sizes and counts")
+    p.add_argument("--rss-seconds", type=float, default=20.0)
+    p.add_argument("--rss-routers", default=",".join(RSS_ROUTERS))
+    p.add_argument("--no-rss", action="store_true", help="skip the RSS-growth runs")
+    p.add_argument("--json", default=str(ROOT / "bench" / "results" / "compare.json"))
+    p.add_argument("--plot", help="write the figure here (PNG)")
+    p.add_argument("--logs", help="keep the processes' logs here (default: a temp dir)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    routers = [r for r in a.routers.split(",") if r]
+    workloads = [w for w in a.workloads.split(",") if w]
+    rss_routers = [] if a.no_rss else [r for r in a.rss_routers.split(",") if r]
+    for r in (*routers, *rss_routers):
+        if r not in ROUTERS:
+            raise SystemExit(f"unknown router {r!r}; choose from {', '.join(ROUTERS)}")
+    anchors = (ensure_anchors() if any(r in ANCHOR_ROUTERS for r in (*routers, *rss_routers))
+               else None)
+    logs = Path(a.logs) if a.logs else Path(tempfile.mkdtemp(prefix="kvroute-compare-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    t0 = time.monotonic()
+    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    spec = Spec(MODEL, a.rate, a.seconds, scale=a.scale)
+    print(f"== {len(workloads)} workloads x {len(routers)} routers on {a.engines} sim engines, "
+          f"{a.seconds:.0f} s at {a.rate:g} req/s each (logs in {logs})", file=sys.stderr)
+    zmq = "kvroute-zmq" in (*routers, *rss_routers)
+    fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=zmq)
+    result: dict[str, Any] = {"runs": {}, "rss_growth": {}}
+    progress = Progress(len(workloads) * len(routers) + len(rss_routers) + 1)
+    try:
+        progress.start("fleet")
+        fleet.start()
+        if zmq:  # such engines serve nothing before a ZMQ frontend linked them: one does, once
+            boot = Running(launch("kvroute-zmq", fleet, None), logs / "fleet-link.log")
+            try:
+                boot.wait_ready()
+            finally:
+                boot.stop()
+        fleet.wait_healthy()
+        progress.done(f"{a.engines} engines up")
+        for i, wl_name in enumerate(workloads):
+            wl = build(wl_name, spec)
+            order = routers[i % len(routers):] + routers[:i % len(routers)]
+            runs: dict[str, Any] = {}
+            for name in order:
+                progress.start(f"{wl_name} x {name}")
+                runs[name] = run_one(fleet, wl, name, anchors, logs, progress)
+            result["runs"][wl_name] = {r: runs[r] for r in routers}
+        if rss_routers:
+            bodies = unique_bodies(int(a.rss_seconds * 600) + 200, round(300 * a.scale))
+            for name in rss_routers:
+                progress.start(f"unique prompts x {name}")
+                result["rss_growth"][name] = rss_growth(fleet, name, anchors, logs,
+                                                        a.rss_seconds, bodies, progress)
+    finally:
+        fleet.stop()
+    result["meta"] = {
+        "started": started, "elapsed_s": time.monotonic() - t0, "load_before": load_before,
+        "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "engines": a.engines, "seconds": a.seconds, "rate": a.rate, "scale": a.scale,
+        "timing": dataclasses.asdict(SimTiming()), "routers": routers, "workloads": workloads,
+        "command": " ".join(["bench/compare.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    out = Path(a.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+    print(markdown(result))
+    if a.plot:
+        plot(result, Path(a.plot))
+    print(f"== results in {out}" + (f", figure in {a.plot}" if a.plot else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

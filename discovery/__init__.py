@@ -1,0 +1,1 @@
+"""Engine discovery: static lists, DNS records, Kubernetes pods as streams of engine-set changes."""

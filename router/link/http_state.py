@@ -1,0 +1,141 @@
+"""Per-pod state of the HTTP transport: health, the pod's own load counts, in-flight requests.
+
+The pod's load comes from its Prometheus ``/metrics``: ``vllm:num_requests_running`` and
+``vllm:num_requests_waiting`` (summed over its engines), ``vllm:kv_cache_usage_perc``, and
+``process_start_time_seconds`` (a new value is a restarted pod). A scrape older than
+``max_age`` counts as no scrape: routing then weighs the router's own in-flight counts only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from router.config import EngineSpec
+from router.link.engine_state import MAX_QUEUE_COUNT, EngineStatus, QueueCounts
+from wire.engine import EngineReadyResponse
+
+if TYPE_CHECKING:
+    from router.link.http_conn import Pool
+    from router.link.request_stream import RequestStream
+
+_NO_COUNTS = QueueCounts()
+
+
+class HttpCounters(msgspec.Struct):
+    requests: int = 0
+    tokens: int = 0
+    connects: int = 0  # turned ready (first probe, after a death, or a restarted pod)
+    deaths: int = 0
+    refused: int = 0  # requests the pod answered with a 4xx (the client's error)
+    stream_errors: int = 0  # streams cut by the link (connection lost, timeouts)
+    scrapes: int = 0
+    scrape_errors: int = 0
+
+
+class PodLoad(msgspec.Struct, frozen=True, gc=False):
+    """One /metrics scrape: what the pod reported and when (``time.monotonic``)."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float | None
+    start_time: float | None
+    at: float
+
+
+def _metric(body: bytes, name: bytes) -> float | None:
+    """The sum of every sample of ``name`` in a Prometheus text body (None if absent)."""
+    total: float | None = None
+    key = b"\n" + name
+    start = 0
+    while (i := body.find(key, start)) >= 0:
+        start = i + len(key)
+        end = body.find(b"\n", start)
+        rest = body[start:end if end >= 0 else len(body)]
+        if rest[:1] == b"{":
+            close = rest.rfind(b"}")
+            if close < 0:
+                continue
+            rest = rest[close + 1:]
+        elif rest[:1] != b" ":
+            continue  # a longer name with this one as prefix
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            total = value if total is None else total + value
+    return total
+
+
+def parse_load(body: bytes, now: float) -> PodLoad:
+    """The load fields of a /metrics body (absent or forged counts read as 0)."""
+    text = b"\n" + body
+
+    def count(name: bytes) -> int:
+        value = _metric(text, name)
+        return int(value) if value is not None and 0 <= value <= MAX_QUEUE_COUNT else 0
+
+    usage = _metric(text, b"vllm:kv_cache_usage_perc")
+    return PodLoad(count(b"vllm:num_requests_running"), count(b"vllm:num_requests_waiting"),
+                   usage if usage is not None and 0.0 <= usage <= 1.0 else None,
+                   _metric(text, b"process_start_time_seconds"), now)
+
+
+class HttpEngineState:
+    """Everything the HTTP client knows about one pod; read by routing like ``EngineState``."""
+
+    def __init__(self, spec: EngineSpec, pool: Pool, max_age: float, host_header: str) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.host_header = host_header  # the Host of every request (the URL's host[:port])
+        self.max_age = max_age
+        self.status = EngineStatus.CONNECTING
+        self.death_reason: str | None = None
+        # What the pod said when it turned ready (/v1/models, /kv_event_sources), as a ready
+        # map: block_size 0 until given in the config (the index learns it from KV events).
+        self.ready: EngineReadyResponse | None = None
+        self.adopted = False
+        self.in_flight: dict[str, RequestStream] = {}
+        self.counters = HttpCounters()
+        self.load: PodLoad | None = None
+        self.ready_event = asyncio.Event()
+        self.probe_now = asyncio.Event()  # a stream failed: check the pod's health at once
+        self.tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def fresh_load(self) -> PodLoad | None:
+        load = self.load
+        if load is None or time.monotonic() - load.at > self.max_age:
+            return None
+        return load
+
+    @property
+    def queue_counts(self) -> QueueCounts:
+        """The pod's running and waiting requests from a recent scrape (zeros without one)."""
+        load = self.fresh_load
+        if load is None:
+            return _NO_COUNTS
+        return QueueCounts(load.running, load.waiting)
+
+    @property
+    def scheduler_stats(self) -> dict[str, Any] | None:
+        load = self.fresh_load
+        if load is None:
+            return None
+        stats: dict[str, Any] = {"num_running_reqs": load.running,
+                                 "num_waiting_reqs": load.waiting}
+        if load.kv_cache_usage is not None:
+            stats["kv_cache_usage"] = load.kv_cache_usage
+        return stats
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self.in_flight)

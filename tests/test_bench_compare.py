@@ -1,0 +1,46 @@
+"""bench/compare.py in miniature (kvroute alone, one workload, one simulated engine, a few
+seconds), so the harness cannot rot: it runs end to end, the results file has its shape, and the
+engines report prefix-cache hits. It asserts no time or percentile (those are the bench's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RUN_KEYS = {"requests", "errors", "hit_rate", "ttft_p50_ms", "ttft_p99_ms", "engine_ttft_mean_ms",
+            "engine_queue_mean_ms", "requests_per_engine", "load_spread",
+            "router_cpu_ms_per_req", "engine_cpu_ms_per_req", "total_cpu_ms_per_req",
+            "router_rss_peak_mb"}
+
+
+def test_compare_miniature(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    plot = tmp_path / "compare.png"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "compare.py"), "--routers", "kvroute-http",
+         "--workloads", "tenants", "--engines", "1", "--seconds", "3", "--rate", "8",
+         "--scale", "0.2", "--rss-seconds", "2", "--rss-routers", "kvroute-http",
+         "--json", str(out), "--plot", str(plot), "--logs", str(tmp_path / "logs")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result) == {"runs", "rss_growth", "meta"}
+    run = result["runs"]["tenants"]["kvroute-http"]
+    assert RUN_KEYS <= set(run)
+    assert run["requests"] == 24 and run["errors"] == 0, run.get("first_error")
+    # Tenants share system prompts: the engine itself counted prefix-cache hits.
+    assert 0 < run["hit_rate"] < 1
+    assert run["requests_per_engine"] == [24.0]
+    assert not math.isnan(run["ttft_p50_ms"]) and run["router_cpu_ms_per_req"] > 0
+    growth = result["rss_growth"]["kvroute-http"]
+    assert growth["requests"] > 0 and growth["errors"] == 0
+    assert result["meta"]["engines"] == 1 and result["meta"]["routers"] == ["kvroute-http"]
+    assert plot.stat().st_size > 0
+    # The report names the run's figures and checks what it can without anchors.
+    assert "| kvroute-http | 24 (0) |" in proc.stdout
