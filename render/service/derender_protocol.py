@@ -8,6 +8,7 @@ response (``generate_response`` / ``generate_responses``), or one chunk of a gen
 
 from __future__ import annotations
 
+import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -48,10 +49,14 @@ class GenerateStreamChoice(GenerateChoice, kw_only=True, omit_defaults=True):
     finish_reason: str | None = None
 
 
+def _request_id() -> str:
+    return f"{uuid.uuid4().int & (2**64 - 1):016x}"  # vLLM's default: random_uuid()
+
+
 class GenerateResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
     """vLLM's ``GenerateTokensResponse`` (``output_mode`` "tokens" only, as vLLM takes)."""
 
-    request_id: str
+    request_id: str = msgspec.field(default_factory=_request_id)
     model: str | None = None
     created: int | None = None
     usage: dict[str, Any] | None = None
@@ -64,7 +69,7 @@ class GenerateResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class GenerateStreamResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
-    request_id: str
+    request_id: str = msgspec.field(default_factory=_request_id)
     usage: dict[str, Any] | None = None
     prompt_token_ids: list[TokenId] | None = None
     metrics: dict[str, Any] | None = None
