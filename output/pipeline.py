@@ -31,7 +31,6 @@ from output.openai_types import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
-    DeltaToolCall,
     GenerateChoice,
     GenerateLogprobs,
     GenerateResponse,

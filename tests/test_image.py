@@ -150,6 +150,11 @@ def test_what_the_build_stage_copies_builds_and_runs(tmp_path: Path) -> None:
     [wheel] = out.glob("kvroute-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if n.endswith(".py")} >= top_packages()
+    # Every module of every package, subpackages included (a subpackage left out of
+    # pyproject's list would be missing from the image).
+    sources = {str(p.relative_to(ROOT)) for pkg in top_packages()
+               for p in (ROOT / pkg).rglob("*.py")}
+    assert sources - set(names) == set()
     assert "render/models/qwen3/tokenizer.json" in names  # the embedded tokenizer
     entry_points = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
