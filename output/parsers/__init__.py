@@ -1,1 +1,1 @@
-"""Streaming tool-call and reasoning parsers of the output pipeline (vLLM's names, one hold-back cutter)."""
+"""Streaming tool-call and reasoning parsers of the output pipeline, by vLLM's names."""
