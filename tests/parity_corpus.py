@@ -387,16 +387,9 @@ BY_NAME = {c.name: c for c in CASES}
 assert len(BY_NAME) == len(CASES), "case names must be unique"
 
 
-def _family(prefixes: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(c.name for c in CASES if c.name.split(".stream")[0] in prefixes)
-
-
-_PARSERS = "branch `parsers` (tool-call / reasoning parsing, tool_choice, issue 16)"
-
 # Cases whose answers differ, by name, with the reason. Each must still differ (a mark left on a
 # case that became identical fails the stage: remove it).
 EXPECTED: dict[str, str] = {
-    **dict.fromkeys(_family(("chat.tools_auto", "chat.tools_named")), _PARSERS),
     "err.get_method": "on purpose: every error kvroute answers is OpenAI's error JSON, a 405 "
                       "too (vLLM answers FastAPI's {\"detail\": ...} there)",
     "err.tool_call_object_arguments": "on purpose: kvroute takes a tool call's arguments as a "
