@@ -34,8 +34,11 @@ def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
         e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
         topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
         block_size=e.ready.block_size)
-    with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL),
-                                     ready_timeout=120)) as c:
+    # Served as Qwen3 is (hermes): vLLM honours a named tool_choice only with a tool parser,
+    # which it loads only with --enable-auto-tool-choice.
+    with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL), ready_timeout=120,
+                                     tool_call_parser="hermes",
+                                     enable_auto_tool_choice=True)) as c:
         yield c
 
 
@@ -192,3 +195,67 @@ def _resolve(renderer: Any, extra: dict[str, Any]) -> str | None:
     except BadRequestError:
         return None
     return None if so is None else str(so._backend)
+
+
+UNIT_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "pick_unit", "description": "Pick a temperature unit",
+    "parameters": {"type": "object", "properties": {"unit": {"type": "string",
+                                                             "enum": ["c", "f"]}},
+                   "required": ["unit"], "additionalProperties": False}}}
+
+
+def _unit_args(arguments: str) -> dict[str, Any]:
+    """A call's arguments, checked against the tool's schema."""
+    args = json.loads(arguments)
+    assert isinstance(args, dict) and set(args) == {"unit"} and args["unit"] in ("c", "f"), args
+    return args
+
+
+def test_a_named_tool_choice_is_a_parsed_call_valid_for_its_schema(
+        http: httpx.Client, cluster: LocalCluster) -> None:
+    """tool_choice names a function: the engine decodes under the tool's JSON schema (vLLM's
+    structured output for it) and the answer is that call, collected and streamed alike."""
+    named = {"type": "function", "function": {"name": "pick_unit"}}
+    finished, seen = 0, []
+    no_padding = _whitespace_bias(cluster)
+    for prompt in ("Which unit?", "Pick one", "Go", "Celsius or Fahrenheit?"):
+        r = _chat(http, cluster, prompt, tools=[UNIT_TOOL], tool_choice=named, max_tokens=48,
+                  logit_bias=no_padding)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        seen.append((choice["finish_reason"], choice["message"]))
+        if choice["finish_reason"] != "stop":
+            continue  # a random-weight model may pad the object with whitespace to the limit
+        finished += 1
+        [call] = choice["message"]["tool_calls"]
+        assert call["type"] == "function" and call["function"]["name"] == "pick_unit"
+        collected = _unit_args(call["function"]["arguments"])
+        streamed = _streamed_call(http, cluster, prompt, named, no_padding)
+        assert streamed[0] == "pick_unit" and _unit_args(streamed[1]) == collected
+    assert finished > 0, seen
+
+
+def _whitespace_bias(cluster: LocalCluster) -> dict[str, int]:
+    """Whitespace-only tokens biased away: the JSON grammar lets a random-weight model pad an
+    object with whitespace until max_tokens, and greedy decoding does."""
+    vocab = cluster.state.models.registry.get(None).tokenizer.get_vocab()
+    return {str(i): -100 for piece, i in vocab.items() if piece and set(piece) <= set("ĠĊĉč")}
+
+
+def _streamed_call(http: httpx.Client, cluster: LocalCluster, prompt: str,
+                   named: dict[str, Any], bias: dict[str, int]) -> tuple[str, str]:
+    body = {"model": cluster.state.models.registry.names()[0], "temperature": 0,
+            "logit_bias": bias, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 48,
+            "tools": [UNIT_TOOL], "tool_choice": named, "stream": True}
+    name, arguments = "", ""
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for ch in json.loads(line[6:]).get("choices", []):
+                for tc in ch["delta"].get("tool_calls") or []:
+                    name += tc.get("function", {}).get("name") or ""
+                    arguments += tc.get("function", {}).get("arguments") or ""
+    return name, arguments
