@@ -30,6 +30,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,14 @@ def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs
         "slowest_ttft": [(round(r.at, 2), round(r.ttft * 1e3, 1)) for r in
                          sorted(ok, key=lambda r: -r.ttft if r.ttft == r.ttft else 0)[:5]],
     }
+    # Per request, in schedule order: when it was due, its TTFT, and kvroute's own decision
+    # (x-kvroute-route: engine, predicted cached tokens, reason; empty for the other routers).
+    (logs / f"{wl.name}-{name}-requests.tsv").write_text("".join(
+        f"{i}\t{r.at:.3f}\t{r.ttft * 1e3:.1f}\t{r.route}\n" for i, r in enumerate(results)))
+    if any(r.route for r in results):
+        out["route_reasons"] = dict(Counter(
+            dict(p.strip().split("=", 1) for p in r.route.split(";")).get("reason", "?")
+            for r in results if r.route))
     progress.done(f"hit {out['hit_rate']:.3f}, TTFT p50 {out['ttft_p50_ms']:.1f} ms p99 "
                   f"{out['ttft_p99_ms']:.1f} ms, {out['errors']} errors, router "
                   f"{out['router_cpu_ms_per_req']:.2f} ms CPU/req, "

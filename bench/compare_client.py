@@ -29,6 +29,7 @@ class Result:
     latency: float
     status: int
     error: str | None = None
+    route: str = ""  # kvroute's x-kvroute-route header (engine, cached, reason), if any
 
 
 class _Pool:
@@ -63,13 +64,13 @@ def _has_token(chunk: bytes) -> bool:
 
 
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes,
-                    t0: float) -> tuple[int, float, bool, bytes]:
-    """Send one request; (status, ttft, keep-alive, error body)."""
+                    t0: float) -> tuple[int, float, bool, bytes, str]:
+    """Send one request; (status, ttft, keep-alive, error body, route header)."""
     writer.write(payload)
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])
-    length, chunked, keep = None, False, True
+    length, chunked, keep, route = None, False, True, ""
     for line in lines[1:]:
         name, _, value = line.partition(b":")
         key, value = name.strip().lower(), value.strip().lower()
@@ -79,6 +80,8 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
             chunked = True
         elif key == b"connection" and value == b"close":
             keep = False
+        elif key == b"x-kvroute-route":
+            route = line.partition(b":")[2].strip().decode()
     ttft = float("nan")
     body = b""
     if chunked:
@@ -101,7 +104,7 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         keep = False
         if _has_token(body):
             ttft = time.perf_counter() - t0
-    return status, ttft, keep, body
+    return status, ttft, keep, body, route
 
 
 async def replay(host: str, port: int, schedule: list[tuple[float, bytes]],
@@ -123,7 +126,7 @@ async def replay(host: str, port: int, schedule: list[tuple[float, bytes]],
         payload = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
         try:
             conn = await pool.get()
-            status, ttft, keep, err = await asyncio.wait_for(
+            status, ttft, keep, err, route = await asyncio.wait_for(
                 _exchange(*conn, payload, t0), REQUEST_TIMEOUT)
             if keep:
                 pool.put(conn)
@@ -132,8 +135,9 @@ async def replay(host: str, port: int, schedule: list[tuple[float, bytes]],
             error = None if status == 200 else err[:300].decode(errors="replace")
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 TimeoutError, ValueError, IndexError) as exc:
-            status, ttft, error = 0, float("nan"), repr(exc)
-        results[i] = Result(at, t0 - start - at, ttft, time.perf_counter() - t0, status, error)
+            status, ttft, error, route = 0, float("nan"), repr(exc), ""
+        results[i] = Result(at, t0 - start - at, ttft, time.perf_counter() - t0, status, error,
+                            route)
         done[0] += 1
         done[1] += error is not None
 

@@ -38,6 +38,10 @@ def test_compare_miniature(tmp_path: Path) -> None:
     assert 0 < run["hit_rate"] < 1
     assert run["requests_per_engine"] == [24.0]
     assert not math.isnan(run["ttft_p50_ms"]) and run["router_cpu_ms_per_req"] > 0
+    # kvroute's own decision for every request (x-kvroute-route), counted and logged per request.
+    assert sum(run["route_reasons"].values()) == 24
+    rows = (tmp_path / "logs" / "tenants-kvroute-http-requests.tsv").read_text().splitlines()
+    assert len(rows) == 24 and all("engine=" in row.split("\t")[3] for row in rows)
     growth = result["rss_growth"]["kvroute-http"]
     assert growth["requests"] > 0 and growth["errors"] == 0
     assert result["meta"]["engines"] == 1 and result["meta"]["routers"] == ["kvroute-http"]
