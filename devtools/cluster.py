@@ -62,6 +62,9 @@ class ClusterOptions:
     external: tuple[EngineSpec, ...] = ()
     # Model dir (or Hub id) for the render and the sims' vocabulary (default: the embedded Qwen3).
     model: str | None = None
+    # The in-process sims' vocabulary, built once and shared by clusters of one model (a
+    # model's TokenTable takes seconds to read); None: read from the model.
+    sim_tokens: TokenTable | None = None
     served_model_name: str | None = None  # the router's name for it (default: render's)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
@@ -186,7 +189,7 @@ class LocalCluster:
         pods = [] if self.options.external else [n for n in self.names if self.is_http(n)]
         tokens = None
         if not self.options.processes and not self.options.external:
-            tokens = TokenTable.from_model_dir(self.sim_model)
+            tokens = self.options.sim_tokens or TokenTable.from_model_dir(self.sim_model)
         for name in pods:  # pods first: the router is given their URLs
             self.start_engine(name, tokens)
         cfg = self.config()

@@ -12,6 +12,8 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -19,6 +21,7 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from output.parsers.registry import TOOL_PARSERS
+from sim.tokens import TokenTable
 from tests.parser_corpus import TOOLS, all_cases
 from tests.parser_oracle import eos_id, model_dir, tokenizer
 
@@ -97,16 +100,23 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[Served, Any]]:
     path = model_dir(s.family)
     if not (path / "tokenizer.json").exists():
         pytest.fail(f"{path} missing: run `bash scripts/fixtures.sh` (or deselect -m families)")
-    opts = ClusterOptions(engines=1, sim={"step_time": 0.0005}, tool_call_parser=s.tool_parser,
-                          reasoning_parser=s.reasoning_parser, enable_auto_tool_choice=True,
+    opts = ClusterOptions(engines=1, sim={"step_time": 0.0005}, sim_tokens=_sim_tokens(path),
+                          tool_call_parser=s.tool_parser, reasoning_parser=s.reasoning_parser,
+                          enable_auto_tool_choice=True,
                           model=None if s.family == "qwen3" else str(path))
-    with LocalCluster(opts) as cluster:
-        client = openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="x", max_retries=0)
+    with LocalCluster(opts) as cluster, openai.OpenAI(
+            base_url=cluster.base_url + "/v1", api_key="x", max_retries=0) as client:
         model = client.models.list().data[0].id
         yield s, lambda text, kwargs, **kw: client.chat.completions.create(
             model=model, messages=MESSAGES, tools=TOOLS, max_tokens=200,
             extra_body={"vllm_xargs": {"kvroute_sim_token_ids": _ids(s.family, text)},
                         **({"chat_template_kwargs": kwargs} if kwargs else {})}, **kw)
+
+
+@cache
+def _sim_tokens(path: Path) -> TokenTable:
+    """One sim vocabulary per family, shared by its routers."""
+    return TokenTable.from_model_dir(path)
 
 
 def _ids(family: str, text: str) -> list[int]:
