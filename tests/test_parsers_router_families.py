@@ -108,7 +108,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[Served, Any]]:
             base_url=cluster.base_url + "/v1", api_key="x", max_retries=0) as client:
         model = client.models.list().data[0].id
         yield s, lambda text, kwargs, **kw: client.chat.completions.create(
-            model=model, messages=MESSAGES, tools=TOOLS, max_tokens=200,
+            model=model, messages=MESSAGES, tools=list[Any](TOOLS), max_tokens=200,
             extra_body={"vllm_xargs": {"kvroute_sim_token_ids": _ids(s.family, text)},
                         **({"chat_template_kwargs": kwargs} if kwargs else {})}, **kw)
 
