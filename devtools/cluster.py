@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from render.hub import resolve_model
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
 from render.renderer import Renderer
 from render.service.lora_modules import LoRAModule
@@ -59,7 +60,11 @@ class ClusterOptions:
     ready_timeout: float = 60.0
     # Engines already running elsewhere (e.g. real vLLM): used instead of starting sims.
     external: tuple[EngineSpec, ...] = ()
-    model: str | None = None  # model dir for the render (default: the embedded Qwen3)
+    # Model dir (or Hub id) for the render and the sims' vocabulary (default: the embedded Qwen3).
+    model: str | None = None
+    # The in-process sims' vocabulary, built once and shared by clusters of one model (a
+    # model's TokenTable takes seconds to read); None: read from the model.
+    sim_tokens: TokenTable | None = None
     served_model_name: str | None = None  # the router's name for it (default: render's)
     render_url: str | None = None  # a remote `kvroute render` instead of the in-process one
     http_server: str = ROUTER_SERVER
@@ -158,6 +163,18 @@ class LocalCluster:
                               replay_endpoint=self._address(name, "replay"))
 
     @property
+    def sim_model(self) -> Path:
+        """The model the sims serve: the router's, so its prompt ids lie in their vocabulary."""
+        return resolve_model(self.options.model) if self.options.model else EMBEDDED_MODEL
+
+    @property
+    def sim_served_name(self) -> str:
+        """The HTTP sims' model name: the router's (vLLM's default: the --model argument)."""
+        if self.options.served_model_name:
+            return self.options.served_model_name
+        return self.options.model or EMBEDDED_SERVED_NAME
+
+    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -172,7 +189,7 @@ class LocalCluster:
         pods = [] if self.options.external else [n for n in self.names if self.is_http(n)]
         tokens = None
         if not self.options.processes and not self.options.external:
-            tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
+            tokens = self.options.sim_tokens or TokenTable.from_model_dir(self.sim_model)
         for name in pods:  # pods first: the router is given their URLs
             self.start_engine(name, tokens)
         cfg = self.config()
@@ -196,7 +213,8 @@ class LocalCluster:
             return
         hs = self._address(name, "hs")
         if self.options.processes:
-            args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
+            args = ["--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode(),
+                    *self._model_args()]
             for key, value in self.sim_options().items():
                 flag = f"--{key.replace('_', '-')}"
                 if isinstance(value, bool):  # a switch: present when on
@@ -206,15 +224,18 @@ class LocalCluster:
             self.procs[name] = spawn_sim_engine(hs, args, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL)
         else:
-            tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
+            tokens = tokens or TokenTable.from_model_dir(self.sim_model)
             self.threads[name] = start_sim_engine(hs, tokens, kv_events=self.kv_config(name),
                                                   **self.sim_options())
+
+    def _model_args(self) -> list[str]:
+        return ["--model", str(self.sim_model)] if self.options.model else []
 
     def _start_http_engine(self, name: str, tokens: TokenTable | None) -> None:
         """A sim behind its HTTP face on a free port (a process prints the URL when ready)."""
         if self.options.processes:
-            args = ["--port", "0", "--served-model-name", EMBEDDED_SERVED_NAME,
-                    "--enable-prompt-tokens-details",
+            args = ["--port", "0", "--served-model-name", self.sim_served_name,
+                    "--enable-prompt-tokens-details", *self._model_args(),
                     "--kv-events-config", msgspec.json.encode(self.kv_config(name)).decode()]
             for key, value in self.sim_options().items():
                 args += [f"--{key.replace('_', '-')}", str(value)]
@@ -230,12 +251,12 @@ class LocalCluster:
             else:
                 raise RuntimeError(f"sim engine {name} exited ({proc.wait()}) before serving")
             return
-        face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, port=0,
+        face = HttpFaceConfig(self.sim_model, self.sim_served_name, port=0,
                               enable_prompt_tokens_details=True)
         if self._renderer is None:
-            self._renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=EMBEDDED_SERVED_NAME,
+            self._renderer = Renderer.load(self.sim_model, served_model_name=self.sim_served_name,
                                            max_model_len=self.sim_options()["max_model_len"])
-        tokens = tokens or TokenTable.from_model_dir(EMBEDDED_MODEL)
+        tokens = tokens or TokenTable.from_model_dir(self.sim_model)
         thread = start_sim_engine(None, tokens, kv_events=self.kv_config(name), http=face,
                                   **self.sim_options())
         self.threads[name] = thread

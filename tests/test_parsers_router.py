@@ -40,8 +40,9 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def client(cluster: LocalCluster) -> Any:
-    return openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="x", max_retries=0)
+def client(cluster: LocalCluster) -> Iterator[Any]:
+    with openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="x", max_retries=0) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
