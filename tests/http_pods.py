@@ -40,15 +40,18 @@ class Pods:
     pods: dict[str, Pod] = field(default_factory=dict)
     _tokens: TokenTable | None = None
     _renderer: Renderer | None = None
+    _started: int = 0  # pods started so far (each one's sockets get the next number)
 
     def start(self, name: str, host: str) -> Pod:
         if self._tokens is None:
             self._tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
             self._renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=EMBEDDED_SERVED_NAME,
                                            max_model_len=DEFAULT_MAX_MODEL_LEN)
+        # Sockets named by the pod's number, not its name: an ipc path holds 107 bytes at most.
+        self._started += 1
+        sock = f"ipc://{self.dir}/p{self._started}"
         kv = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
-                            endpoint=f"ipc://{self.dir}/{name}.kv",
-                            replay_endpoint=f"ipc://{self.dir}/{name}.replay")
+                            endpoint=f"{sock}.kv", replay_endpoint=f"{sock}.replay")
         face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, host=host, port=0,
                               enable_prompt_tokens_details=True)
         thread = start_sim_engine(None, self._tokens, kv_events=kv, http=face,

@@ -195,10 +195,16 @@ def kvroute() -> Iterator[str]:
     missing = [f for f in FAMILIES if not (family_dir(f) / "config.json").exists()]
     if missing:
         pytest.fail(f"fixtures missing for {missing}: run scripts/fixtures.sh")
+    # Each family with the tool-call flags its vLLM render runs with (both refuse `tools` with
+    # the default tool_choice "auto" without them).
     first, *rest = FAMILIES
     args = ["--model", str(family_dir(first)), "--served-model-name", first]
+    if TOOL_PARSER[first]:
+        args += ["--tool-call-parser", str(TOOL_PARSER[first]), "--enable-auto-tool-choice"]
     for f in rest:
-        args += ["--add-model", f"{family_dir(f)},served_model_name={f}"]
+        flags = (f",tool_call_parser={TOOL_PARSER[f]},enable_auto_tool_choice=true"
+                 if TOOL_PARSER[f] else "")
+        args += ["--add-model", f"{family_dir(f)},served_model_name={f}{flags}"]
     with render_server(*args, timeout=900) as url:
         yield url
 
