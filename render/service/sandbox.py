@@ -72,7 +72,8 @@ class TemplateSandbox:
         helper = await self._free.get()
         try:
             try:
-                await asyncio.wait_for(helper.wait_ready(), READY_TIMEOUT)
+                async with asyncio.timeout(READY_TIMEOUT):
+                    await helper.wait_ready()
             except TimeoutError:
                 raise ServiceUnavailableError(
                     "No chat-template helper process is ready: retry later.") from None

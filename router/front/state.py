@@ -66,13 +66,15 @@ class Lifecycle:
         if self.active == 0:
             return True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.idle.wait()
         if self.active == 0:
             return True
         if self.cut is not None:
             await self.cut()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.idle.wait(), CUT_GRACE)
+                async with asyncio.timeout(CUT_GRACE):
+                    await self.idle.wait()
         return False
 
 

@@ -179,7 +179,8 @@ class KVSubscriber:
         """Wait for the next applied batch of ``engine`` (for tests and tools)."""
         feed = self._feeds[engine]
         feed.applied.clear()
-        await asyncio.wait_for(feed.applied.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await feed.applied.wait()
 
     async def resync(self, engine: str) -> None:
         """Catch up now from the engine's replay buffer (after the last applied seq)."""

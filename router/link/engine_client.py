@@ -292,7 +292,8 @@ class EngineClient:
         names = list(self.engines) if engines is None else list(engines)
         waits = [self._engine(n).ready_event.wait() for n in names]
         try:
-            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waits)
         except TimeoutError:
             missing = [n for n in names if not self.engines[n].ready_event.is_set()]
             hints = ", ".join(f"{n} at {self.engines[n].handshake_endpoint}" for n in missing)
@@ -313,7 +314,8 @@ class EngineClient:
                 eng.connect_event.clear()
                 await eng.connect_event.wait()
 
-        await asyncio.wait_for(reached(), timeout)
+        async with asyncio.timeout(timeout):
+            await reached()
 
     # ---- requests ----
 
@@ -367,7 +369,8 @@ class EngineClient:
         eng = self._engine(engine)
         if eng.status is EngineStatus.DEAD:
             raise EngineDeadError(f"engine {engine!r} is dead: {eng.death_reason}")
-        return await asyncio.wait_for(self._utility_call(eng, method, args), timeout)
+        async with asyncio.timeout(timeout):
+            return await self._utility_call(eng, method, args)
 
     # ---- internals ----
 
@@ -542,8 +545,8 @@ class EngineClient:
     async def _answers(self, eng: EngineState) -> bool:
         """Does the linked engine answer a cheap utility call within VERIFY_TIMEOUT?"""
         try:
-            await asyncio.wait_for(self._utility_call(eng, PROBE_METHOD, (), grace=0.0),
-                                   VERIFY_TIMEOUT)
+            async with asyncio.timeout(VERIFY_TIMEOUT):
+                await self._utility_call(eng, PROBE_METHOD, (), grace=0.0)
         except (EngineLinkError, UtilityCallError, TimeoutError):
             return False
         return True
@@ -643,7 +646,8 @@ class EngineClient:
         # addresses but never handshakes again: a utility call that routes proves it is there.
         with contextlib.suppress(EngineLinkError, TimeoutError):
             # One send attempt per probe interval: an absent engine costs ~nothing.
-            await asyncio.wait_for(self._utility_call(eng, PROBE_METHOD, (), grace=0.0), 5.0)
+            async with asyncio.timeout(5.0):
+                await self._utility_call(eng, PROBE_METHOD, (), grace=0.0)
             if eng.status is not EngineStatus.READY:
                 self._mark_ready(eng, adopted=eng.status is EngineStatus.CONNECTING)
 

@@ -176,8 +176,8 @@ class HttpEngineClient:
     async def wait_ready(self, timeout: float, engines: Sequence[str] | None = None) -> None:
         names = list(self.engines) if engines is None else list(engines)
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self._engine(n).ready_event.wait() for n in names)), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self._engine(n).ready_event.wait() for n in names))
         except TimeoutError:
             missing = [f"{n} at {self.engines[n].spec.url}" for n in names
                        if not self.engines[n].ready_event.is_set()]
@@ -294,7 +294,8 @@ class HttpEngineClient:
                 len(body)).encode() + b"\r\n"
         conn.send(head + self._auth + b"\r\n" + body, _Collect(future))
         try:
-            return await asyncio.wait_for(future, self.link.http_connect_timeout)
+            async with asyncio.timeout(self.link.http_connect_timeout):
+                return await future
         except BaseException:
             conn.abandon()
             raise
@@ -317,7 +318,8 @@ class HttpEngineClient:
             wait = link.http_load_interval if eng.status is EngineStatus.READY else (
                 link.http_health_interval)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(eng.probe_now.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await eng.probe_now.wait()
 
     async def _try_ready(self, eng: HttpEngineState) -> None:
         eng.probe_now.clear()

@@ -206,9 +206,9 @@ class Pool:
     async def _connect(self) -> Connection:
         factory: Callable[[], Connection] = lambda: Connection(self)  # noqa: E731
         try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(factory, self.host, self.port, ssl=self.ssl),
-                self.connect_timeout)
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await self.loop.create_connection(factory, self.host, self.port,
+                                                            ssl=self.ssl)
         except TimeoutError:
             raise EngineUnavailableError(f"{self.name}: no connection to {self.host}:"
                                          f"{self.port} within {self.connect_timeout:g}s") from None

@@ -64,7 +64,8 @@ class Admission:
             fut: asyncio.Future[None] = loop.create_future()
             self._waiters.append(fut)
             try:
-                await asyncio.wait_for(fut, max(deadline - loop.time(), 0.0))
+                async with asyncio.timeout_at(deadline):
+                    await fut
             except TimeoutError:
                 raise OverloadedError(503, "No engine slot became free in time; retry later.",
                                  self.retry_after) from None
