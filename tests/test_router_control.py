@@ -169,6 +169,28 @@ def test_remove_drains_then_unlinks() -> None:
         assert r.status_code == 200 and r.headers["x-kvroute-route"].startswith(f"engine={other};")
 
 
+@pytest.mark.parametrize("transport", ["zmq", "http"])
+def test_a_removal_that_cuts_streams_aborts_them_on_the_engine(transport: str) -> None:
+    """The engine goes on running after its removal: it must not generate on for the cut (the
+    answer would take 200 s to finish by itself)."""
+    opts = ClusterOptions(engines=2, transport=transport,
+                          sim={"step_time": 0.05, "output": "markov"},
+                          control=Control(admin_key="admin-secret", remove_drain_timeout=0.0))
+    with LocalCluster(opts) as c, httpx.Client(base_url=c.base_url, timeout=60) as http:
+        body = {"model": MODEL, "prompt": "a long one", "max_tokens": 4000, "stream": True,
+                "ignore_eos": True}
+        with http.stream("POST", "/v1/completions", json=body) as stream:
+            assert stream.status_code == 200, stream.read()
+            engine = stream.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
+            sched = c.threads[engine].engine.scheduler
+            lines = stream.iter_lines()  # held: a dropped iterator closes the response
+            next(line for line in lines if line.startswith("data: "))
+            assert sched.requests  # generating
+            removed = http.delete(f"/admin/engines/{engine}", headers=ADMIN)
+            assert removed.status_code == 200 and removed.json()["cut"] == 1, removed.text
+            eventually(lambda: not sched.requests)  # the engine aborted it
+
+
 def test_keys_come_from_files_or_the_environment(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:

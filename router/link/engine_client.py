@@ -80,6 +80,8 @@ CONTROL_MAX_MSG_SIZE = 1024 * 1024
 VERIFY_TIMEOUT = 2.0
 # A failed background task restarts after this pause (a failure that repeats cannot spin).
 RESTART_DELAY = 0.1
+# A removed engine's input socket lingers this long (ms) for the abort of the requests cut.
+ABORT_LINGER_MS = 1000
 
 # Utility used to find engines reconnecting after a router restart: cheap, no side effects.
 PROBE_METHOD = "is_sleeping"
@@ -281,11 +283,17 @@ class EngineClient:
         for task in eng.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        cut = list(eng.in_flight)
         self._fail_engine_requests(eng, EngineUnavailableError(f"engine {name!r} was removed"))
+        if cut and eng.status is not EngineStatus.DEAD:
+            # The engine goes on running: it must not generate on for streams that are gone.
+            with contextlib.suppress(EngineLinkError):
+                await self._send(eng, REQ_ABORT, self._encoder.encode(cut), grace=0.0)
         self._sync_inputs.pop(eng, None)
         close_monitors(eng)
         for sock in eng.sockets():
-            sock.close(linger=0)
+            # The abort gets a moment to leave; nothing else is waiting to.
+            sock.close(linger=ABORT_LINGER_MS if cut and sock is eng.input else 0)
 
     async def wait_ready(self, timeout: float, engines: Sequence[str] | None = None) -> None:
         """Wait until the named (default: all) engines are handshaken or re-adopted."""
