@@ -1,10 +1,12 @@
 """A stream resumed on another engine continues a real model's greedy answer exactly.
 
-The session's one real `vllm serve` (tiny random-weight Qwen3) is linked twice, as two HTTP
-engines ``p1`` and ``p2`` (no second vLLM process: one per session is the budget). The engine a
-stream runs on is removed mid-stream with no drain time, which ends its link as a death does
+Two real vLLM engines of the same tiny random-weight Qwen3, the session's two: its headless
+engine over ZMQ (``vllm0``) and its `vllm serve` over HTTP (``pod``). The engine a stream runs on
+is removed mid-stream with no drain time, which ends its link as a death does
 (``EngineUnavailableError``); the stream goes on on the other engine as its prompt plus the
 tokens sent, and the client's text equals what `vllm serve` itself answers to the same request.
+The router places by round robin so that each engine in turn is the one cut: the seam is
+between two different vLLM processes, both ways.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Control, EngineSpec
-from tests.engines import MAX_MODEL_LEN, TINY_MODEL
+from router.routing.policy import PolicyConfig
+from tests.engines import MAX_MODEL_LEN, TINY_MODEL, EngineProc
 from tests.vllm_serve import SERVED_NAME, VllmServe
 
 pytestmark = [pytest.mark.vllm]
@@ -30,9 +33,16 @@ BODY = {"model": SERVED_NAME, "prompt": "The lighthouse keeper wrote in his log 
 
 
 @contextmanager
-def _router(vllm_serve: VllmServe) -> Iterator[LocalCluster]:
-    pods = tuple(EngineSpec(name, url=vllm_serve.base_url) for name in ("p1", "p2"))
-    opts = ClusterOptions(external=pods, model=str(TINY_MODEL), served_model_name=SERVED_NAME,
+def _router(vllm_engine: EngineProc, vllm_serve: VllmServe) -> Iterator[LocalCluster]:
+    e = vllm_engine
+    assert e.ready is not None
+    headless = EngineSpec(
+        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
+        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
+        block_size=e.ready.block_size, max_model_len=e.ready.max_model_len)
+    engines = (headless, EngineSpec("pod", url=vllm_serve.base_url))
+    opts = ClusterOptions(external=engines, model=str(TINY_MODEL), served_model_name=SERVED_NAME,
+                          policy=PolicyConfig(name="round_robin"),
                           router_max_model_len=MAX_MODEL_LEN, ready_timeout=120.0,
                           control=Control(admin_key="adm", remove_drain_timeout=0.0))
     with LocalCluster(opts) as c:
@@ -49,18 +59,26 @@ def _resumed(http: httpx.Client) -> float:
     return float(found[0].rsplit(" ", 1)[1]) if found else 0.0
 
 
-def test_a_resumed_greedy_stream_equals_vllm_serve_s_answer(vllm_serve: VllmServe) -> None:
+# Round robin goes through the engines by name: "pod" first, then "vllm0".
+@pytest.mark.parametrize("cut", ["pod", "vllm0"])
+def test_a_resumed_greedy_stream_equals_vllm_serve_s_answer(vllm_engine: EngineProc,
+                                                            vllm_serve: VllmServe,
+                                                            cut: str) -> None:
     want = httpx.post(f"{vllm_serve.base_url}/v1/completions", json=BODY,
                       timeout=120).json()["choices"][0]["text"]
     # The cut must land while the engine still generates: a tiny model on a busy box may have
     # sent its whole answer to the router first (nothing to resume then), so that try is
     # repeated on a new router.
     for _ in range(3):
-        with _router(vllm_serve) as router, \
+        with _router(vllm_engine, vllm_serve) as router, \
                 httpx.Client(base_url=router.base_url, timeout=120) as http:
+            if cut == "vllm0":  # round robin's turn passes "pod"
+                warm = http.post("/v1/completions", json={**BODY, "max_tokens": 1})
+                assert warm.headers["x-kvroute-route"].startswith("engine=pod;")
             with http.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
                 assert r.status_code == 200
                 engine = r.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
+                assert engine == cut
                 lines = r.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 removed = http.delete(f"/admin/engines/{engine}", headers=ADMIN)
