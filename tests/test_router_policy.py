@@ -201,6 +201,28 @@ def test_a_new_cold_prompt_goes_to_the_least_loaded_engine() -> None:
     assert policy.choose(PROMPT, None, loads, 0.0) == Decision("c", 0, "cold")
 
 
+def test_engines_each_computing_a_cold_prefill_take_the_next_in_turn() -> None:
+    """Every engine computes one cold prefill of about the same size: the next cold prompt goes
+    to the engine given its prefill longest ago, the closest to done, not to the one given the
+    shortest prompt (often the latest, where two prefills would then run at once); a cold burst
+    goes round the fleet."""
+    policy, _ = _policy()
+    given: list[tuple[str, int]] = []  # (engine, its prompt's length), the latest per engine
+    for p in range(12):
+        size = 1500 + (p * 37) % 160
+        latest = dict(given)
+        loads = [EngineLoad(e, in_flight=1, pending_prefill_tokens=latest[e]) if e in latest
+                 else EngineLoad(e) for e in "abcd"]
+        given.append((policy.choose([p] * 40, f"t{p}", loads, 0.0).engine, size))
+    order = [engine for engine, _ in given]
+    assert sorted(order[:4]) == list("abcd")
+    assert order[4:] == order[:4] * 2
+    # Not when one of them has much more to compute: then the least work goes first.
+    loads = [EngineLoad(e, in_flight=1, pending_prefill_tokens=3000 if e == order[-4] else 1500)
+             for e in "abcd"]
+    assert policy.choose([99] * 40, "t99", loads, 0.0).engine == order[-3]
+
+
 def test_a_spill_is_not_remembered() -> None:
     policy, index = _policy(request_tokens=64)
     index.store("b", PROMPT)

@@ -13,6 +13,8 @@ from typing import Any, NamedTuple, Protocol
 import xxhash
 
 _HEAD_TOKENS = 32  # prompt head hashed for the tie-break
+# Engines whose work is within this factor of the least are as free for a cold prompt.
+COLD_WORK_SLACK = 1.25
 POLICIES = ("cache_aware", "shortest_queue", "round_robin", "power_of_two", "random")
 
 
@@ -134,6 +136,10 @@ class Policy:
         self.index = index
         self._rng = random.Random(config.seed)
         self._next = 0  # round-robin cursor (instance state, never shared)
+        # The decision count when each engine was last chosen: among engines about as loaded,
+        # a cold prompt goes to the one chosen longest ago (``_soonest_free``).
+        self._decisions = 0
+        self._last_chosen: dict[str, int] = {}
         self._homes: OrderedDict[int, str] = OrderedDict()  # prompt head -> last engine, LRU
 
     def choose(
@@ -174,6 +180,11 @@ class Policy:
             load, reason = self._least_loaded(sorted(pair, key=lambda x: x.engine)), "power_of_two"
         else:
             load, reason = self._rng.choice(ordered), "random"
+        self._decisions += 1
+        self._last_chosen[load.engine] = self._decisions
+        if len(self._last_chosen) > 2 * len(loads) + 16:  # engines gone since (names churn)
+            self._last_chosen = {n: self._last_chosen[n] for n in (x.engine for x in loads)
+                                 if n in self._last_chosen}
         decision = Decision(load.engine, cached.get(load.engine, 0), reason)
         if load.engine not in cached:  # engines without a block size yet are not in the index
             return decision, _nothing
@@ -224,7 +235,7 @@ class Policy:
             home = next((load for load in pool if load.engine == last), None)
             if home is not None and home.requests + 1 > bound:
                 home = None
-            return self._remember(head, home or self._least_loaded(pool)), "cold"
+            return self._remember(head, home or self._soonest_free(pool)), "cold"
         # 4. The cost: prompt tokens still to compute here + the work already queued here
         # (ties in rendezvous order, so a spilled prefix also keeps to one engine).
         order = {load.engine: i for i, load in enumerate(ranked)}
@@ -254,6 +265,24 @@ class Policy:
         """Fewest requests, then least work; ties go to the first in ``loads``' order."""
         rt = self.config.request_tokens
         return min(loads, key=lambda load: (load.requests, load.work(rt)))
+
+    def _soonest_free(self, loads: Sequence[EngineLoad]) -> EngineLoad:
+        """For a cold prompt: among the engines with the fewest requests and about the least
+        work (within COLD_WORK_SLACK of it, plus one request's), the one chosen longest ago.
+
+        Work is a count of tokens, not a time: engines that each compute one cold prefill
+        have about the same work, and the one given its prefill longest ago is the closest to
+        done. Going by the token count alone sends the next cold prompt to whichever was given
+        the shortest prompt, often the one given its prefill last: two prefills then run at
+        once there, each slower, while another engine frees up (the first second of a run,
+        when every prompt is cold)."""
+        rt = self.config.request_tokens
+        fewest = min(load.requests for load in loads)
+        pool = [load for load in loads if load.requests == fewest]
+        least = min(load.work(rt) for load in pool)
+        near = [load for load in pool if load.work(rt) <= least * COLD_WORK_SLACK + rt]
+        last = self._last_chosen
+        return min(near, key=lambda load: (last.get(load.engine, 0), load.work(rt)))
 
     def _predicted_cached(
         self, tokens: Sequence[int], namespace: Hashable, now: float, prompt: Any
