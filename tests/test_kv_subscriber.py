@@ -262,3 +262,102 @@ async def test_events_keep_routes_noted_on_other_engines() -> None:
         await sub.on_batch("e", 0, batch(stored([1], None, [1, 2, 3, 4])))
         assert index.match([1, 2, 3, 4, 5], ns, time.monotonic())["e"].confirmed_tokens == 4
         assert index.match(prompt, ns, time.monotonic())["f"].optimistic_tokens == 40
+
+
+class _ReplayServer:
+    """An engine's replay ROUTER holding ``history`` (seq, payload); ``stall_after`` N batches
+    it stops answering (no END), as a wedged peer would."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, address: str,
+                 history: list[tuple[int, bytes]], stall_after: int | None = None) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.bind(address)
+        self.history = history
+        self.stall_after = stall_after
+
+    async def serve(self) -> None:
+        while True:
+            client, _, start = await self.sock.recv_multipart()
+            sent = 0
+            for seq, payload in self.history:
+                if seq < int.from_bytes(start, "big"):
+                    continue
+                if self.stall_after is not None and sent == self.stall_after:
+                    break
+                await self.sock.send_multipart((client, b"", b"", seq.to_bytes(8, "big"),
+                                                payload))
+                sent += 1
+            else:
+                await self.sock.send_multipart((client, b"", b"", b"\xff" * 8, b""))
+
+
+class _CountingIndex(NaiveIndex):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stored_calls = 0
+
+    def apply_stored(self, *args: Any, **kwargs: Any) -> None:
+        self.stored_calls += 1
+        super().apply_stored(*args, **kwargs)
+
+
+OLD = [random_tokens(8, seed) for seed in range(40)]
+NEW = random_tokens(8, 99)
+
+
+def _history() -> list[tuple[int, bytes]]:
+    """40 batches of blocks since gone, a clear, then the cache as it is now."""
+    old = [batch(stored([1000 + i, 2000 + i], None, t)) for i, t in enumerate(OLD)]
+    now = [batch(AllBlocksCleared()), batch(stored([7, 8], None, NEW))]
+    return list(enumerate(old + now))
+
+
+async def _subscribed(ctx_dir: Path, index: NaiveIndex, timeout: float
+                      ) -> tuple[KVSubscriber, str]:
+    sub = KVSubscriber(index, replay_timeout=timeout)  # type: ignore[arg-type]
+    await sub.start()
+    replay = f"ipc://{ctx_dir}/replay"
+    sub.add_engine(KVEndpoints("e", f"ipc://{ctx_dir}/kv", replay))
+    return sub, replay
+
+
+async def test_a_replay_skips_what_a_later_clear_undoes(tmp_path: Path) -> None:
+    """A late joiner's replay of a long-running engine: the batches before its last
+    AllBlocksCleared are not applied (they would be wrong in the index until the clear came),
+    and the index ends as the engine's cache is."""
+    index = _CountingIndex()
+    ctx = zmq.asyncio.Context()
+    sub, address = await _subscribed(tmp_path, index, 5.0)
+    server = _ReplayServer(ctx, address, _history())
+    serving = asyncio.create_task(server.serve())
+    try:
+        await sub.resync("e")
+        c = sub.counters("e")
+        assert index.snapshot("e") == {7: (None, tuple(NEW[:4])), 8: (7, tuple(NEW[4:]))}
+        assert index.stored_calls == 1  # only the blocks stored since the clear
+        assert c.superseded_batches == 40 and c.replayed_batches == 2
+        assert c.lost_batches == 0 and c.last_seq == 41
+    finally:
+        serving.cancel()
+        await sub.close()
+        server.sock.close(linger=0)
+        ctx.term()
+
+
+async def test_a_replay_cut_short_applies_nothing(tmp_path: Path) -> None:
+    """A replay whose engine stops answering halfway is dropped whole: half a history would
+    leave blocks in the index that its missing rest removed."""
+    index = _CountingIndex()
+    ctx = zmq.asyncio.Context()
+    sub, address = await _subscribed(tmp_path, index, 0.5)
+    server = _ReplayServer(ctx, address, _history(), stall_after=20)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await sub.resync("e")
+        assert index.stored_calls == 0 and index.snapshot("e") == {}
+        assert sub.counters("e").replayed_batches == 0
+    finally:
+        serving.cancel()
+        await sub.close()
+        server.sock.close(linger=0)
+        ctx.term()

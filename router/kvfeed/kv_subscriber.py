@@ -39,6 +39,9 @@ from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatc
 log = logging.getLogger("kvroute.kvfeed")
 
 END_SEQ = b"\xff" * 8
+# The tag of an AllBlocksCleared event in a batch's msgpack: batches without it are not decoded
+# to look for one.
+_CLEARED = b"AllBlocksCleared"
 # Largest KV-event frame accepted: a batch announces at most a scheduler step's new blocks
 # (token ids + hashes, a few bytes per token); 64 MiB is ~8M tokens of events in one step.
 DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
@@ -58,6 +61,7 @@ class KVCounters(msgspec.Struct):
     replays: int = 0
     replayed_batches: int = 0
     lost_batches: int = 0  # a gap replay could not fill (buffer overrun or no replay socket)
+    superseded_batches: int = 0  # replayed, but skipped: a later AllBlocksCleared undoes them
     duplicates: int = 0
     resets: int = 0
     rewinds: int = 0  # seq went backwards with new content and no new handshake: dropped
@@ -252,33 +256,56 @@ class KVSubscriber:
         self._apply(feed, seq, payload)
 
     async def _replay(self, feed: _EngineFeed, start: int) -> None:
+        """Catch up from the engine's replay buffer, from ``start`` on.
+
+        The whole answer is read before any of it is applied, and what an AllBlocksCleared in
+        it supersedes is skipped: an engine that has run a while answers with thousands of
+        batches of blocks long gone, and applying them one by one would keep the index wrong
+        (and the feed's lock held) for seconds. A replay that stops answering is dropped whole
+        (``replay_timeout`` without a frame): applying part of a history leaves blocks in the
+        index that the missing rest removed."""
         if feed.replay is None:
             return
-        feed.counters.replays += 1
+        c = feed.counters
+        c.replays += 1
         await feed.replay.send_multipart((b"", start.to_bytes(8, "big")))
-        deadline = time.monotonic() + self.replay_timeout
+        batches: list[tuple[int, bytes]] = []  # since the last AllBlocksCleared seen
+        superseded = 0
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not await feed.replay.poll(int(left * 1000)):
+            if not await feed.replay.poll(int(self.replay_timeout * 1000)):
                 # The replay socket may be wedged mid-answer: start afresh next time.
                 self._reset_replay_socket(feed)
                 return
             frames = await feed.replay.recv_multipart()
             if len(frames) != 4:
-                feed.counters.decode_errors += 1
+                c.decode_errors += 1
                 continue
             _, _topic, seq_bytes, payload = frames
             if seq_bytes == END_SEQ:
-                return
-            seq = int.from_bytes(seq_bytes, "big")
+                break
+            if _CLEARED in payload and self._clears(payload):
+                superseded += len(batches)
+                batches.clear()
+            batches.append((int.from_bytes(seq_bytes, "big"), payload))
+        c.superseded_batches += superseded
+        for seq, payload in batches:
             expected = feed.expected if feed.expected is not None else 0
             if seq < expected:
                 continue
-            if seq > expected:
+            if seq > expected and not superseded:
                 # The engine's buffer no longer holds what we missed.
-                feed.counters.lost_batches += seq - expected
-            feed.counters.replayed_batches += 1
+                c.lost_batches += seq - expected
+            superseded = 0  # what an applied clear superseded is not lost
+            c.replayed_batches += 1
             self._apply(feed, seq, payload)
+
+    def _clears(self, payload: bytes) -> bool:
+        """Does this batch hold an AllBlocksCleared (not just the word, say in a LoRA name)?"""
+        try:
+            return any(isinstance(ev, AllBlocksCleared)
+                       for ev in self._decoder.decode(payload).events)
+        except (msgspec.DecodeError, ValueError):
+            return False
 
     def _reset_replay_socket(self, feed: _EngineFeed) -> None:
         if feed.replay is None or self._ctx is None or not feed.spec.replay_endpoint:

@@ -140,6 +140,9 @@ class RouterMetrics:
             "kv_event_gaps": "Sequence gaps detected (each triggers a replay)",
             "kv_event_replays": "Replays requested",
             "kv_event_decode_errors": "Batches that failed to decode",
+            "kv_event_lost_batches": "Batches missed that no replay could fill",
+            "kv_event_superseded_batches": "Replayed batches skipped: a later AllBlocksCleared "
+                                           "undoes them",
         }))
 
     def watch_discovery(self, read: Callable[[], dict[str, float]]) -> None:

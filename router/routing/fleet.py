@@ -209,5 +209,7 @@ class Fleet:
             c = self.kv.counters(name)
             out[name] = {"kv_event_lag_seconds": c.lag, "kv_event_batches": float(c.batches),
                          "kv_event_gaps": float(c.gaps), "kv_event_replays": float(c.replays),
-                         "kv_event_decode_errors": float(c.decode_errors)}
+                         "kv_event_decode_errors": float(c.decode_errors),
+                         "kv_event_lost_batches": float(c.lost_batches),
+                         "kv_event_superseded_batches": float(c.superseded_batches)}
         return out
