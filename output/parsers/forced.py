@@ -11,6 +11,7 @@ arguments; the array's calls are announced once an element's name is complete an
 from __future__ import annotations
 
 from output.parsers.emit import Out
+from output.parsers.json_args import forward_args
 from output.parsers.jsonscan import JsonScan
 
 
@@ -76,7 +77,5 @@ class Required:
                         continue
                     call = self.calls[f.element] = self.out.call(name)
                     self.sent[call] = f.start
-                end = f.end if f.end is not None else scan.open_end
-                if end > self.sent[call]:
-                    self.out.args(call, self.buf[self.sent[call]:end])
-                    self.sent[call] = end
+                self.sent[call] = forward_args(self.out, call, self.buf, f, self.sent[call],
+                                               scan.open_end)

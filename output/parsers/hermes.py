@@ -14,6 +14,7 @@ from __future__ import annotations
 from output.holdback import Cutter
 from output.parsers.base import LeadingSpace
 from output.parsers.emit import Out
+from output.parsers.json_args import forward_args, forward_broken
 from output.parsers.jsonscan import Field, JsonScan
 
 TEXT, BODY, AFTER, SKIP, RAW, BROKEN = range(6)
@@ -114,12 +115,8 @@ class JsonCalls:
                 self._as_text()
             else:
                 # Broken after it was announced: the raw rest of the body is its arguments.
-                args = self._args_field()
-                start = args.start if args is not None and args.start is not None else scan.pos
-                self.sent = max(self.sent, start)
-                self._forward()
-                cut = max(self.sent, scan.pos)
-                self.out.args(self.index, self.buf[self.sent:cut])
+                cut = forward_broken(self.out, self.index, self.buf, self._args_field(),
+                                     self.sent, scan)
                 self.buf = self.buf[cut:]
                 self.state = BROKEN
             return True
@@ -148,14 +145,8 @@ class JsonCalls:
         return next((f for f in self.scan.fields if f.key in self.args_keys), None)
 
     def _forward(self) -> None:
-        args = self._args_field()
-        if args is None or args.start is None:
-            return
-        self.sent = max(self.sent, args.start)
-        end = args.end if args.end is not None else self.scan.open_end
-        if end > self.sent:
-            self.out.args(self.index, self.buf[self.sent:end])
-            self.sent = end
+        self.sent = forward_args(self.out, self.index, self.buf, self._args_field(), self.sent,
+                                 self.scan.open_end)
 
     def _as_text(self) -> None:
         """A call that is not one. vLLM then answers the whole output as content, which the

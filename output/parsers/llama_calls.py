@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from output.parsers.emit import Out
+from output.parsers.json_args import forward_args, forward_broken
 from output.parsers.jsonscan import Field, JsonScan
 
 TAG = "<|python_tag|>"
@@ -107,12 +108,7 @@ class JsonObjectCalls:
                     self.state = CALLS
                     self.buf = self.buf[max(scan.pos, 1):]
                 return True
-            args = self._args()
-            start = args.start if args is not None and args.start is not None else scan.pos
-            self.sent = max(self.sent, start)
-            self._forward()
-            cut = max(self.sent, scan.pos)
-            self.out.args(self.index, self.buf[self.sent:cut])
+            cut = forward_broken(self.out, self.index, self.buf, self._args(), self.sent, scan)
             self.buf = self.buf[cut:]
             self.state = BROKEN
             return True
@@ -130,14 +126,8 @@ class JsonObjectCalls:
         return next((f for f in self.scan.fields if f.key in ARGS_KEYS), None)
 
     def _forward(self) -> None:
-        args = self._args()
-        if args is None or args.start is None:
-            return
-        self.sent = max(self.sent, args.start)
-        end = args.end if args.end is not None else self.scan.open_end
-        if end > self.sent:
-            self.out.args(self.index, self.buf[self.sent:end])
-            self.sent = end
+        self.sent = forward_args(self.out, self.index, self.buf, self._args(), self.sent,
+                                 self.scan.open_end)
 
 
 def llama3_json(out: Out, tools: Sequence[dict[str, Any]]) -> JsonObjectCalls:

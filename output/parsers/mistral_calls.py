@@ -17,6 +17,7 @@ import string
 from output.holdback import Cutter
 from output.parsers.base import LeadingSpace
 from output.parsers.emit import Out
+from output.parsers.json_args import forward_args
 from output.parsers.jsonscan import JsonScan
 
 BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -181,10 +182,8 @@ class MistralCalls:
                     continue
                 call = self.calls[f.element] = self.out.call(name)
                 self.sent[call] = f.start
-            end = f.end if f.end is not None else scan.open_end
-            if end > self.sent[call]:
-                self.out.args(call, self.buf[self.sent[call]:end])
-                self.sent[call] = end
+            self.sent[call] = forward_args(self.out, call, self.buf, f, self.sent[call],
+                                           scan.open_end)
 
 
 def mistral(out: Out, v11: bool) -> MistralCalls:
