@@ -40,10 +40,21 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
                 limits: RequestLimits = DEFAULT_LIMITS,
                 lora_modules: Iterable[LoRAModule] = (),
                 structured_outputs: StructuredOutputsConfig | None = None) -> ModelRegistry:
+    """The renderers of ``specs`` (``load_served`` without the parsers)."""
+    return load_served(specs, allow_request_chat_template=allow_request_chat_template,
+                       limits=limits, lora_modules=lora_modules,
+                       structured_outputs=structured_outputs)[0]
+
+
+def load_served(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool = False,
+                limits: RequestLimits = DEFAULT_LIMITS,
+                lora_modules: Iterable[LoRAModule] = (),
+                structured_outputs: StructuredOutputsConfig | None = None,
+                ) -> tuple[ModelRegistry, dict[str, ModelParsers]]:
     """The renderers of ``specs``, in order (the first is the default model), each told the
-    server's tool-call flags (``Renderer.tool_calling``); each LoRA module's name is an alias of
-    its base model (``base_model_name`` when that is served, else the first model, as vLLM
-    parents an adapter)."""
+    server's tool-call flags (``Renderer.tool_calling``), and each model's output parsers by
+    served name; each LoRA module's name is an alias of its base model (``base_model_name``
+    when that is served, else the first model, as vLLM parents an adapter)."""
     specs = list(specs)
     registry = ModelRegistry([
         Renderer.load(
@@ -58,12 +69,12 @@ def load_models(specs: Iterable[ModelSpec], *, allow_request_chat_template: bool
         )
         for spec in specs
     ])
-    load_parsers(registry, specs)
+    parsers = load_parsers(registry, specs)
     served = set(registry.names())
     for module in lora_modules:
         base = module.base_model_name if module.base_model_name in served else None
         registry.add_alias(module.name, base)
-    return registry
+    return registry, parsers
 
 
 def model_parsers(renderer: Renderer, spec: ModelSpec) -> ModelParsers:

@@ -41,7 +41,7 @@ from render.renderer import Renderer
 from render.service.config import ServerConfig, parse_args
 from render.service.derender_routes import chat_derender, completion_derender
 from render.service.fast_route import FastRenderRoute
-from render.service.loading import Codecs, load_models, load_parsers
+from render.service.loading import Codecs, load_served
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
 from render.service.sandbox import TemplateSandbox
 from render.service.state import STATE_KEY, Models, RenderState, render_state
@@ -181,8 +181,8 @@ def create_app(cfg: ServerConfig, *,
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, RenderState]]:
-        registry = await asyncio.to_thread(
-            load_models, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
+        registry, parsers = await asyncio.to_thread(
+            load_served, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
             limits=cfg.request_limits, lora_modules=cfg.lora_modules,
             structured_outputs=cfg.structured_outputs)
         pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
@@ -193,7 +193,6 @@ def create_app(cfg: ServerConfig, *,
         sandbox = TemplateSandbox(cfg, metrics) if cfg.allow_request_chat_template else None
         if sandbox is not None:
             sandbox.start()
-        parsers = load_parsers(registry, cfg.models)
         st = RenderState(Models(registry, int(time.time()), parsers),
                          tuple(m.model for m in cfg.models),
                          cfg.limits, pool, Codecs(), metrics, helper, cfg.lora_modules,

@@ -37,7 +37,7 @@ from radix import PrefixIndex
 from render.protocol import GenerateRequest
 from render.service import server as render_server
 from render.service.config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimits, model_spec
-from render.service.loading import Codecs, load_models, load_parsers
+from render.service.loading import Codecs, load_served
 from render.service.state import STATE_KEY as RENDER_KEY
 from render.service.state import Models, RenderState
 from router.config import ConfigError, RouterConfig
@@ -231,10 +231,10 @@ def create_app(cfg: RouterConfig,
         # First, before any socket: a kubeconfig or service account that cannot be read fails
         # the startup.
         source = open_source(cfg.discovery.source) if cfg.discovery is not None else None
-        registry = await asyncio.to_thread(
-            lambda: load_models([spec], limits=cfg.limits.request,
+        registry, parsers = await asyncio.to_thread(
+            lambda: load_served([spec], limits=cfg.limits.request,
                                 structured_outputs=cfg.structured_outputs))
-        models = Models(registry, int(time.time()), load_parsers(registry, [spec]))
+        models = Models(registry, int(time.time()), parsers)
         pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)
