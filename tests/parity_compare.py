@@ -105,6 +105,10 @@ def _clean(value: Any, case: Case, top: bool = False) -> Any:
             aside.add("id")
         if "function" in value and "type" in value:  # a tool call: its id is random
             aside.add("id")
+        if value.get("token") == "" and "logprob" in value:
+            # A token that is part of a multi-byte character: kvroute's bytes are its raw
+            # bytes, vLLM's those of its "" (docs/parity.md, on purpose).
+            aside.add("bytes")
         return {k: _clean(v, case) for k, v in value.items()
                 if v is not None and k not in aside}
     if isinstance(value, list):
@@ -203,7 +207,8 @@ def _fold(acc: dict[str, Any], choice: dict[str, Any], chunk: dict[str, Any],
     lp = choice.get("logprobs")
     if lp is not None:
         if "content" in lp:  # chat
-            acc["logprobs.content"] = acc.get("logprobs.content", []) + (lp["content"] or [])
+            acc["logprobs.content"] = acc.get("logprobs.content", []) + [
+                _clean(entry, Case("", "", None)) for entry in lp["content"] or []]
         else:  # completions: parallel lists
             for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 acc[f"logprobs.{key}"] = acc.get(f"logprobs.{key}", []) + (lp.get(key) or [])
