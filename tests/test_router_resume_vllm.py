@@ -28,6 +28,7 @@ from tests.vllm_serve import SERVED_NAME, VllmServe
 pytestmark = [pytest.mark.vllm]
 
 ADMIN = {"authorization": "Bearer adm"}
+TRIES = 5
 BODY = {"model": SERVED_NAME, "prompt": "The lighthouse keeper wrote in his log that",
         "max_tokens": 450, "temperature": 0, "ignore_eos": True}
 
@@ -67,9 +68,10 @@ def test_a_resumed_greedy_stream_equals_vllm_serve_s_answer(vllm_engine: EngineP
     want = httpx.post(f"{vllm_serve.base_url}/v1/completions", json=BODY,
                       timeout=120).json()["choices"][0]["text"]
     # The cut must land while the engine still generates: a tiny model on a busy box may have
-    # sent its whole answer to the router first (nothing to resume then), so that try is
-    # repeated on a new router.
-    for _ in range(3):
+    # finished its answer before the removal (nothing cut) or sent all of it to the router first
+    # (nothing to resume); the answer must be right either way, and the try is repeated on a
+    # new router.
+    for _ in range(TRIES):
         with _router(vllm_engine, vllm_serve) as router, \
                 httpx.Client(base_url=router.base_url, timeout=120) as http:
             if cut == "vllm0":  # round robin's turn passes "pod"
@@ -82,12 +84,12 @@ def test_a_resumed_greedy_stream_equals_vllm_serve_s_answer(vllm_engine: EngineP
                 lines = r.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 removed = http.delete(f"/admin/engines/{engine}", headers=ADMIN)
-                assert removed.status_code == 200 and removed.json()["cut"] == 1, removed.text
+                assert removed.status_code == 200, removed.text
                 rest = [line for line in lines if line.startswith("data: ")]
             events = [json.loads(line[6:]) for line in [first, *rest] if line != "data: [DONE]"]
             assert rest[-1] == "data: [DONE]"
             assert not [e for e in events if "error" in e], events[-1]
             assert _text(events) == want
-            if _resumed(http) == 1.0:
+            if removed.json()["cut"] == 1 and _resumed(http) == 1.0:
                 return
-    pytest.fail("in 3 tries the engine had always finished before it was cut")
+    pytest.fail(f"in {TRIES} tries the engine had always finished before it was cut")
