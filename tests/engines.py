@@ -61,6 +61,18 @@ class EngineProc:
     def __post_init__(self) -> None:
         self.log_path = self.workdir / f"{self.name}.log"
 
+    def linked(self, *, max_model_len: bool = False) -> EngineSpec:
+        """The spec a router needs to adopt this running engine by its fixed addresses (it
+        handshook with the session's first client already), with its KV feed; with the
+        context length from its ready answer when ``max_model_len``."""
+        ready = self.ready
+        assert ready is not None, f"{self.name} has not handshaken"
+        return EngineSpec(
+            self.name, self.spec.handshake, kv_events=self.kv.endpoint,
+            replay=self.kv.replay_endpoint, topic=self.kv.topic, input=self.spec.input_address,
+            output=self.spec.output_address, block_size=ready.block_size,
+            max_model_len=ready.max_model_len if max_model_len else None)
+
     def spawn(self, handshake_port: int | None = None) -> None:
         """Start the engine; a vLLM one needs the TCP port its frontend's handshake socket got."""
         argv = self.argv

@@ -19,7 +19,6 @@ import pytest
 from devtools.cluster import ClusterOptions, LocalCluster
 from radix import namespace_for
 from render.service.lora_modules import LoRAModule
-from router.config import EngineSpec
 from tests.engines import TINY_LORA, TINY_MODEL, EngineProc
 from tests.waits import eventually
 
@@ -34,10 +33,7 @@ def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
         pytest.fail(f"no {TINY_LORA}: run `bash scripts/vllm_env.sh` first")
     e = vllm_engine
     assert e.ready is not None and e.ready.supports_lora
-    spec = EngineSpec(
-        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
-        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
-        block_size=e.ready.block_size)
+    spec = e.linked()
     opts = ClusterOptions(external=(spec,), model=str(TINY_MODEL), ready_timeout=120,
                           lora_modules=(LoRAModule("tiny", str(TINY_LORA)),),
                           allow_runtime_lora_updating=True)

@@ -22,7 +22,6 @@ import httpx
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import EngineSpec
 from tests.engines import TINY_MODEL, VLLM_VENV, EngineProc
 from tests.parity_compare import differences, send, view
 from tests.parity_corpus import BY_NAME, CASES, CHAT, COMPLETIONS, EXPECTED
@@ -45,10 +44,7 @@ print(json.dumps({"/v1/chat/completions": list(ChatCompletionRequest.model_field
 def router(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
     e = vllm_engine
     assert e.ready is not None
-    spec = EngineSpec(
-        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
-        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
-        block_size=e.ready.block_size, max_model_len=e.ready.max_model_len)
+    spec = e.linked(max_model_len=True)
     with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL),
                                      served_model_name=SERVED_NAME, ready_timeout=120)) as c:
         yield c

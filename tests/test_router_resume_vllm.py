@@ -37,10 +37,7 @@ BODY = {"model": SERVED_NAME, "prompt": "The lighthouse keeper wrote in his log 
 def _router(vllm_engine: EngineProc, vllm_serve: VllmServe) -> Iterator[LocalCluster]:
     e = vllm_engine
     assert e.ready is not None
-    headless = EngineSpec(
-        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
-        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
-        block_size=e.ready.block_size, max_model_len=e.ready.max_model_len)
+    headless = e.linked(max_model_len=True)
     engines = (headless, EngineSpec("pod", url=vllm_serve.base_url))
     opts = ClusterOptions(external=engines, model=str(TINY_MODEL), served_model_name=SERVED_NAME,
                           policy=PolicyConfig(name="round_robin"),

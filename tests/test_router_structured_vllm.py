@@ -19,7 +19,6 @@ import pytest
 from devtools.cluster import ClusterOptions, LocalCluster
 from render.errors import BadRequestError
 from render.protocol import ChatCompletionRequest
-from router.config import EngineSpec
 from tests.engines import TINY_MODEL, EngineProc
 from tests.structured_corpus import cases
 
@@ -30,10 +29,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
     e = vllm_engine
     assert e.ready is not None
-    spec = EngineSpec(
-        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
-        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
-        block_size=e.ready.block_size)
+    spec = e.linked()
     # Served as Qwen3 is (hermes): vLLM honours a named tool_choice only with a tool parser,
     # which it loads only with --enable-auto-tool-choice.
     with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL), ready_timeout=120,

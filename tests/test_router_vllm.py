@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from devtools.cluster import ClusterOptions, LocalCluster
-from router.config import EngineSpec, Frontend
+from router.config import Frontend
 from tests.engines import TINY_MODEL, EngineProc
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -24,10 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
     e = vllm_engine
     assert e.ready is not None
-    spec = EngineSpec(
-        e.name, e.spec.handshake, kv_events=e.kv.endpoint, replay=e.kv.replay_endpoint,
-        topic=e.kv.topic, input=e.spec.input_address, output=e.spec.output_address,
-        block_size=e.ready.block_size)
+    spec = e.linked()
     with LocalCluster(ClusterOptions(external=(spec,), model=str(TINY_MODEL),
                                      frontend=Frontend(enable_prompt_tokens_details=True),
                                      ready_timeout=120)) as c:
