@@ -245,12 +245,16 @@ def _runs(kinds: list[str]) -> str:
     return " ".join(parts)
 
 
-def _skeleton(value: Any) -> Any:
-    """The keys of a chunk, nested, with leaves replaced by their JSON type."""
+def _skeleton(value: Any, key: str = "") -> Any:
+    """The keys of a chunk, nested, with leaves replaced by their JSON type. A completions
+    ``top_logprobs`` entry maps tokens to logprobs: its keys are data, not layout (with n > 1
+    the first chunk may be another choice's on either side)."""
     if isinstance(value, dict):
-        return {k: _skeleton(v) for k, v in sorted(value.items())}
+        if key == "top_logprobs" and "logprob" not in value:
+            return {"<token>": _skeleton(next(iter(value.values())))} if value else {}
+        return {k: _skeleton(v, k) for k, v in sorted(value.items())}
     if isinstance(value, list):
-        return [_skeleton(value[0])] if value else []
+        return [_skeleton(value[0], key)] if value else []
     return type(value).__name__
 
 
