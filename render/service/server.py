@@ -24,7 +24,6 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -44,7 +43,7 @@ from render.service.fast_route import FastRenderRoute
 from render.service.loading import Codecs, load_served
 from render.service.offload import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE, RenderHelper
 from render.service.sandbox import TemplateSandbox
-from render.service.state import STATE_KEY, Models, RenderState, render_state
+from render.service.state import STATE_KEY, Models, RenderState, render_pool, render_state
 from serving.body import JSON, json_response, read_body
 from serving.errors import APIError
 from serving.http_errors import ErrorPath
@@ -185,7 +184,7 @@ def create_app(cfg: ServerConfig, *,
             load_served, cfg.models, allow_request_chat_template=cfg.allow_request_chat_template,
             limits=cfg.request_limits, lora_modules=cfg.lora_modules,
             structured_outputs=cfg.structured_outputs)
-        pool = ThreadPoolExecutor(cfg.render_threads, thread_name_prefix="render")
+        pool = await asyncio.to_thread(render_pool, cfg.render_threads, registry)
         # Ready without waiting for the helpers' own model load: big bodies render on the
         # thread pool until they are up.
         helper = RenderHelper(cfg, metrics.helpers)

@@ -7,8 +7,10 @@ own state, built by ``RenderState`` from explicit arguments, not from a render S
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,7 @@ from render.service.sandbox import TemplateSandbox
 from serving.metrics import RenderMetrics
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # The key of the RenderState in the lifespan state (and so in every request's scope["state"]).
 STATE_KEY = "kvroute.render"
 
@@ -102,6 +105,36 @@ def _timed(cost: RenderCost, size: int, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     finally:
         cost.observe(size, time.thread_time() - t0)
+
+
+def render_pool(threads: int, renderers: Iterable[Renderer]) -> ThreadPoolExecutor:
+    """The render thread pool with every thread started and each model's tokenizer used once in it.
+
+    ThreadPoolExecutor starts its threads on demand, and a tokenizer's first encode in a thread
+    pays a one-time setup there (fastokens' per-thread state: a few ms alone, ~50 ms measured in a
+    router under load), so the first big body of a fresh process paid both: the one request whose
+    TTFT stood ~45 ms above every other router's in bench/compare.py. Blocking: call it off the
+    loop, before serving."""
+    models = tuple(renderers)
+    one_at_a_time = threading.Lock()  # a Renderer is not thread-safe (class Models)
+
+    def warm() -> None:
+        try:
+            with one_at_a_time:
+                for r in models:
+                    r.encode("warm-up: render thread", add_special_tokens=False)
+        except Exception:  # a thread that raises here would break the pool: it just stays cold
+            log.exception("render thread warm-up failed")
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="render", initializer=warm)
+    # A task that holds its thread until all are held makes the pool start the next thread.
+    started = threading.Barrier(threads)
+    for future in [pool.submit(started.wait, 30.0) for _ in range(threads)]:
+        try:
+            future.result()
+        except threading.BrokenBarrierError:
+            log.warning("render threads: not all started within 30 s")
+    return pool
 
 
 async def render_in(models: Models, budget: Budget, pool: ThreadPoolExecutor,

@@ -19,7 +19,6 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from render.service import server as render_server
 from render.service.config import DEFAULT_RENDER_THREADS, ModelSpec, RenderLimits, model_spec
 from render.service.loading import Codecs, load_served
 from render.service.state import STATE_KEY as RENDER_KEY
-from render.service.state import Models, RenderState
+from render.service.state import Models, RenderState, render_pool
 from router.config import ConfigError, RouterConfig
 from router.front import control, handlers, lora
 from router.front.fast_path import FastPath
@@ -235,7 +234,7 @@ def create_app(cfg: RouterConfig,
             lambda: load_served([spec], limits=cfg.limits.request,
                                 structured_outputs=cfg.structured_outputs))
         models = Models(registry, int(time.time()), parsers)
-        pool = ThreadPoolExecutor(DEFAULT_RENDER_THREADS, thread_name_prefix="render")
+        pool = await asyncio.to_thread(render_pool, DEFAULT_RENDER_THREADS, registry)
         render = RenderState(models, (spec.model,), limits, pool, Codecs(),
                              RenderMetrics(render_server.ROUTE_PATHS), None)
         remote = RenderClient(cfg.render_url) if cfg.render_url else None
