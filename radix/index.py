@@ -287,8 +287,15 @@ class PrefixIndex:
         return dropped
 
     def apply_cleared(self, engine: str) -> None:
-        """Apply AllBlocksCleared: the engine holds nothing, confirmed or optimistic."""
-        self._clear(self._engines[engine])
+        """Apply AllBlocksCleared: the engine holds none of the blocks it announced.
+
+        Its optimistic entries stay, to expire or be confirmed as usual: they stand for requests
+        routed there that will store their blocks when they run, and a clear does not undo a
+        route. An engine resets its cache only with no block in use (vLLM's
+        ``reset_prefix_cache``), and publishes the clear with its NEXT step's events, so the
+        clear arrives after the requests routed since were noted: dropping their entries made
+        each of them look cold to the next request of the same prefix."""
+        self._clear(self._engines[engine], routed=False)
 
     def _accept_group(self, eng: _Engine, group_idx: int | None) -> bool:
         if group_idx is None:
@@ -297,12 +304,14 @@ class PrefixIndex:
             eng.group, eng.group_known = group_idx, True
         return group_idx == eng.group
 
-    def _clear(self, eng: _Engine) -> None:
+    def _clear(self, eng: _Engine, *, routed: bool = True) -> None:
+        """Drop what ``eng`` announced, and with ``routed`` its optimistic entries too."""
         memo: dict[int, int] = {}
         for key in eng.hashes.values():
             self._clear_bit(key, eng, memo)
         eng.hashes.clear()
-        self._optimistic.drop_engine(eng.index)
+        if routed:
+            self._optimistic.drop_engine(eng.index)
 
     def _clear_bit(self, key: int, eng: _Engine, memo: dict[int, int] | None = None) -> None:
         """Drop one engine from a block; ``memo`` keeps blocks that shared a value sharing one."""

@@ -93,9 +93,13 @@ class Model:
                 self.opt.pop((engine, path), None)
 
     def cleared(self, engine: str) -> None:
+        """AllBlocksCleared: what the engine announced goes; what was routed there stays."""
         for path in self.emap[engine].values():
             self.drop(engine, path)
         self.emap[engine].clear()
+
+    def engine_removed(self, engine: str) -> None:
+        self.cleared(engine)
         self.opt = {k: v for k, v in self.opt.items() if k[0] != engine}
 
     def routed(self, engine: str, tokens: list[int], namespace: object, now: float,
@@ -246,7 +250,7 @@ class IndexVersusModel(RuleBasedStateMachine):
         if engine not in self.model.sizes:
             return
         self.index.remove_engine(engine)
-        self.model.cleared(engine)
+        self.model.engine_removed(engine)
         del self.model.sizes[engine], self.model.emap[engine]
         self.epoch[engine] += 1  # a restarted engine publishes new hashes
 
@@ -288,6 +292,7 @@ test_index_equals_naive_model = IndexVersusModel.TestCase
 # ---- focused unit tests ----
 
 T = list(range(100, 164))  # 64 distinct tokens
+U = list(range(300, 364))  # 64 others
 
 
 def _index(*engines: tuple[str, int], cap: int = 1000) -> PrefixIndex:
@@ -367,7 +372,22 @@ def test_optimistic_burst_lands_before_events_then_confirms() -> None:
     index.apply_removed("b", [99])  # unknown hash: nothing
     assert index.match(T, None, 3.0)["b"] == Match(0, 8)
     index.apply_cleared("b")
-    assert index.match(T, None, 3.0)["b"] == Match(0, 0)
+    assert index.match(T, None, 3.0)["b"] == Match(0, 8)
+    assert index.match(T, None, 5.0)["b"] == Match(0, 0)  # expired
+
+
+def test_a_clear_drops_what_the_engine_announced_not_what_was_routed_there() -> None:
+    """An engine publishes AllBlocksCleared with its next step's events, after the requests
+    routed there since the reset were noted: those will store their blocks when they run."""
+    index = _index(("a", 4))
+    index.apply_stored("a", [1, 2], None, T[:8], None, 0.0)
+    index.note_routed("a", U[:8], None, now=1.0, ttl=10.0)  # routed after the engine's reset
+    index.apply_cleared("a")  # ... whose event comes now
+    assert index.match(T, None, 1.0)["a"] == Match(0, 0)  # announced blocks: gone
+    assert index.match(U, None, 1.0)["a"] == Match(0, 8)  # the routed prompt: still predicted
+    index.remove_engine("a")  # an engine that leaves takes its predictions with it
+    index.add_engine("a", block_size=4)
+    assert index.match(U, None, 1.0)["a"] == Match(0, 0)
 
 
 def test_a_forgotten_route_drops_only_that_engines_predictions() -> None:
