@@ -56,6 +56,7 @@ from bench.httpload import run_in_process as closed_loop  # noqa: E402
 
 MODEL = "qwen3"
 MB = 1024 * 1024
+HIT_TOKENS = 256  # a request counts as a hit when the engine found this many prompt tokens cached
 RSS_ROUTERS = ("kvroute-http", "sglang", "vllm-cache")
 
 
@@ -153,17 +154,33 @@ def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs
     }
     # Per request, in schedule order: when it was due, its TTFT, and kvroute's own decision
     # (x-kvroute-route: engine, predicted cached tokens, reason; empty for the other routers).
+    # The engine's own cached tokens for the request follow its TTFT (-1: not reported).
     (logs / f"{wl.name}-{name}-requests.tsv").write_text("".join(
-        f"{i}\t{r.at:.3f}\t{r.ttft * 1e3:.1f}\t{r.route}\n" for i, r in enumerate(results)))
+        f"{i}\t{r.at:.3f}\t{r.ttft * 1e3:.1f}\t{r.cached}\t{r.route}\n"
+        for i, r in enumerate(results)))
+    out["engine_hit_requests"] = sum(r.cached >= HIT_TOKENS for r in ok)
     if any(r.route for r in results):
-        out["route_reasons"] = dict(Counter(
-            dict(p.strip().split("=", 1) for p in r.route.split(";")).get("reason", "?")
-            for r in results if r.route))
+        routes = [(dict(p.strip().split("=", 1) for p in r.route.split(";")), r.cached)
+                  for r in results if r.route]
+        out["route_reasons"] = dict(Counter(d.get("reason", "?") for d, _ in routes))
+        # kvroute's prediction (x-kvroute-route cached=) against what the engine then found.
+        out["prediction"] = dict(Counter(
+            _graded(int(d.get("cached", 0)), cached) for d, cached in routes if cached >= 0))
     progress.done(f"hit {out['hit_rate']:.3f}, TTFT p50 {out['ttft_p50_ms']:.1f} ms p99 "
                   f"{out['ttft_p99_ms']:.1f} ms, {out['errors']} errors, router "
                   f"{out['router_cpu_ms_per_req']:.2f} ms CPU/req, "
                   f"{out['router_rss_peak_mb']:.0f} MB")
     return out
+
+
+def _graded(predicted: int, cached: int) -> str:
+    """kvroute's predicted cached tokens against the engine's count, within a block."""
+    block = SimTiming().block_size
+    if predicted > cached + block:
+        return "over"  # predicted a hit the engine no longer (or never) held
+    if predicted < cached - block:
+        return "under"  # the engine held more than predicted
+    return "right"
 
 
 def warmup_schedule(engines: int) -> list[tuple[float, bytes]]:

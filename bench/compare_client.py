@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Result:
     status: int
     error: str | None = None
     route: str = ""  # kvroute's x-kvroute-route header (engine, cached, reason), if any
+    cached: int = -1  # the engine's usage.prompt_tokens_details.cached_tokens (-1: not reported)
 
 
 class _Pool:
@@ -52,6 +54,9 @@ class _Pool:
             writer.close()
 
 
+_CACHED = re.compile(rb'"cached_tokens": ?(\d+)')
+
+
 def _has_token(chunk: bytes) -> bool:
     """A chat delta with text in it (``"content":"x``), as any of the servers writes it."""
     for marker in (b'"content":"', b'"content": "'):
@@ -64,8 +69,8 @@ def _has_token(chunk: bytes) -> bool:
 
 
 async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes,
-                    t0: float) -> tuple[int, float, bool, bytes, str]:
-    """Send one request; (status, ttft, keep-alive, error body, route header)."""
+                    t0: float) -> tuple[int, float, bool, bytes, str, int]:
+    """Send one request; (status, ttft, keep-alive, error body, route header, cached tokens)."""
     writer.write(payload)
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
@@ -84,6 +89,7 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
             route = line.partition(b":")[2].strip().decode()
     ttft = float("nan")
     body = b""
+    cached = -1
     if chunked:
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
@@ -93,6 +99,8 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
             chunk = await reader.readexactly(size + 2)
             if ttft != ttft and _has_token(chunk):
                 ttft = time.perf_counter() - t0
+            if (m := _CACHED.search(chunk)) is not None:
+                cached = int(m[1])
             if status >= 300 and len(body) < 2000:
                 body += chunk
     elif length is not None:
@@ -104,7 +112,9 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         keep = False
         if _has_token(body):
             ttft = time.perf_counter() - t0
-    return status, ttft, keep, body, route
+    if (m := _CACHED.search(body)) is not None:
+        cached = int(m[1])
+    return status, ttft, keep, body, route, cached
 
 
 async def replay(host: str, port: int, schedule: list[tuple[float, bytes]],
@@ -126,7 +136,7 @@ async def replay(host: str, port: int, schedule: list[tuple[float, bytes]],
         payload = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
         try:
             conn = await pool.get()
-            status, ttft, keep, err, route = await asyncio.wait_for(
+            status, ttft, keep, err, route, cached = await asyncio.wait_for(
                 _exchange(*conn, payload, t0), REQUEST_TIMEOUT)
             if keep:
                 pool.put(conn)
@@ -135,9 +145,9 @@ async def replay(host: str, port: int, schedule: list[tuple[float, bytes]],
             error = None if status == 200 else err[:300].decode(errors="replace")
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 TimeoutError, ValueError, IndexError) as exc:
-            status, ttft, error, route = 0, float("nan"), repr(exc), ""
+            status, ttft, error, route, cached = 0, float("nan"), repr(exc), "", -1
         results[i] = Result(at, t0 - start - at, ttft, time.perf_counter() - t0, status, error,
-                            route)
+                            route, cached)
         done[0] += 1
         done[1] += error is not None
 

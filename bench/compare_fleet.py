@@ -127,6 +127,7 @@ class Fleet:
             cmd = [*KVROUTE, "sim-engine", *zmq,
                    "--port", str(e.http_port), "--served-model-name", self.model,
                    "--kv-events-config", json.dumps(kv), "--frontend-gone-timeout", "0",
+                   "--enable-prompt-tokens-details",
                    "--handshake-timeout", str(timeout), *self.timing.flags()]
             log = open(self.logs / f"{e.name}.log", "wb")  # noqa: SIM115 (the child keeps it)
             e.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -49,7 +49,7 @@ def launch(name: str, fleet: Fleet, anchors: Anchors | None) -> Launch:
     common = ["--host", "127.0.0.1", "--port", str(port)]
     if name in KVROUTE_ROUTERS:
         cmd = [*KVROUTE, "router", *common, "--served-model-name", fleet.model,
-               "--log-level", "WARNING"]
+               "--log-level", "WARNING", "--enable-prompt-tokens-details"]
         if name == "kvroute-zmq":
             cmd += [a for e in fleet.engines
                     for a in ("--engine", e.zmq_flag(fleet.timing.block_size))]

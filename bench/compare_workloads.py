@@ -58,8 +58,11 @@ def text(rng: random.Random, n: int) -> str:
 
 
 def chat(messages: list[dict[str, str]], model: str, max_tokens: int) -> bytes:
+    # The final usage chunk carries the engine's own count of the prompt's cached tokens
+    # (prompt_tokens_details): each request's hit, graded by the engine that served it.
     return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens,
-                       "stream": True, "temperature": 0}).encode()
+                       "stream": True, "stream_options": {"include_usage": True},
+                       "temperature": 0}).encode()
 
 
 @dataclass(frozen=True)
