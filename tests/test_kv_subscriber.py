@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,8 @@ from router.kvfeed.kv_subscriber import (
     offset_endpoint,
 )
 from router.link.engine_client import EngineClient
+from sim.config import KVEventsConfig
+from sim.kv_publisher import KVEventPublisher
 from tests.engines import NaiveIndex, make_engine
 from tests.test_engine_client import make_request
 from wire.engine import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
@@ -266,29 +269,38 @@ async def test_events_keep_routes_noted_on_other_engines() -> None:
 
 class _ReplayServer:
     """An engine's replay ROUTER holding ``history`` (seq, payload); ``stall_after`` N batches
-    it stops answering (no END), as a wedged peer would."""
+    it stops answering for good (no END, no answer to a later request), as a wedged peer would."""
 
     def __init__(self, ctx: zmq.asyncio.Context, address: str,
-                 history: list[tuple[int, bytes]], stall_after: int | None = None) -> None:
+                 history: list[tuple[int, bytes]], stall_after: int | None = None,
+                 lose_first: frozenset[int] = frozenset(), end_first: bool = True) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.bind(address)
         self.history = history
         self.stall_after = stall_after
+        # The first answer lacks these seqs (and its end marker unless end_first): what a
+        # ROUTER drops when its peer's queue is full.
+        self.lose_first = lose_first
+        self.end_first = end_first
+        self.requests = 0
 
     async def serve(self) -> None:
+        sent = 0
         while True:
             client, _, start = await self.sock.recv_multipart()
-            sent = 0
+            self.requests += 1
+            first = self.requests == 1
             for seq, payload in self.history:
-                if seq < int.from_bytes(start, "big"):
+                if seq < int.from_bytes(start, "big") or (first and seq in self.lose_first):
                     continue
-                if self.stall_after is not None and sent == self.stall_after:
+                if self.stall_after is not None and sent >= self.stall_after:
                     break
                 await self.sock.send_multipart((client, b"", b"", seq.to_bytes(8, "big"),
                                                 payload))
                 sent += 1
             else:
-                await self.sock.send_multipart((client, b"", b"", b"\xff" * 8, b""))
+                if not first or self.end_first:
+                    await self.sock.send_multipart((client, b"", b"", b"\xff" * 8, b""))
 
 
 class _CountingIndex(NaiveIndex):
@@ -356,6 +368,99 @@ async def test_a_replay_cut_short_applies_nothing(tmp_path: Path) -> None:
         await sub.resync("e")
         assert index.stored_calls == 0 and index.snapshot("e") == {}
         assert sub.counters("e").replayed_batches == 0
+    finally:
+        serving.cancel()
+        await sub.close()
+        server.sock.close(linger=0)
+        ctx.term()
+
+
+class _EngineThread:
+    """The sim's KV publisher (vLLM's ZmqEventPublisher: PUB + replay ROUTER, vLLM's socket
+    options) on its own thread, as an engine runs it, with ``batches`` already published."""
+
+    def __init__(self, batches: list[list[Any]]) -> None:
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        config = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://*:0",
+                                replay_endpoint="tcp://*:0", buffer_steps=len(batches))
+        self.pub = KVEventPublisher(self.ctx, config, 0)
+        for events in batches:
+            self.pub.publish(events)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        assert self.pub.replay is not None
+        while not self.stop.is_set():
+            if self.pub.replay.poll(50):
+                self.pub.service_replay()  # sends the whole answer at once, as vLLM does
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.pub.close()
+        self.ctx.term()
+
+
+async def test_a_full_replay_buffer_arrives_whole() -> None:
+    """A late joiner asks a long-running engine for its whole buffer (vLLM keeps 10,000
+    batches), which the engine sends in one go through a ROUTER that DROPS what does not fit its
+    peer's queue. The subscriber must take it all in as fast as it comes: an answer cut short
+    is dropped whole, after replay_timeout, and the index stays empty until live events fill it
+    (seen in bench/compare.py: seconds of requests routed cold at the start of a run)."""
+    tokens = random_tokens(256 * BS, 5)  # a 1k-token prompt's blocks per batch, ~5 KB each
+    history = [[stored([1_000_000 * i + b for b in range(256)], None, tokens)]
+               for i in range(10_000)]
+    engine = _EngineThread(history)
+    index = _CountingIndex()
+    sub = KVSubscriber(index, replay_timeout=5.0)  # type: ignore[arg-type]
+    await sub.start()
+    try:
+        cfg = engine.pub.config
+        assert cfg.replay_endpoint is not None
+        # The engine bound both: a wildcard endpoint is dialled (vLLM's rule).
+        sub.add_engine(KVEndpoints("e", cfg.endpoint.replace("127.0.0.1", "*"),
+                                   cfg.replay_endpoint.replace("127.0.0.1", "*")))
+        async def busy_router() -> None:
+            # The router's loop is busy (requests, other engines' replays) while the engine
+            # sends: nothing reads the replay socket for a second.
+            await asyncio.sleep(0)
+            time.sleep(1.0)
+
+        busy = asyncio.create_task(busy_router())
+        await sub.resync("e")
+        await busy
+        c = sub.counters("e")
+        assert c.replayed_batches == 10_000 and c.lost_batches == 0 and c.last_seq == 9_999
+        assert index.stored_calls == 10_000
+    finally:
+        await sub.close()
+        engine.close()
+
+
+def _stored_history(n: int) -> list[tuple[int, bytes]]:
+    return [(i, batch(stored([500 + i], None, random_tokens(BS, i)))) for i in range(n)]
+
+
+@pytest.mark.parametrize("end_first", [True, False], ids=["holes", "holes-and-no-end"])
+async def test_a_replay_asks_again_for_what_its_answer_lacked(tmp_path: Path,
+                                                              end_first: bool) -> None:
+    """The engine's ROUTER dropped frames of its answer (a queue full while it sent): the
+    subscriber asks again from the first missing seq, and the index ends whole."""
+    index = _CountingIndex()
+    ctx = zmq.asyncio.Context()
+    sub, address = await _subscribed(tmp_path, index, 0.5)
+    lost = frozenset({3, 4, 17, 29})
+    server = _ReplayServer(ctx, address, _stored_history(30), lose_first=lost,
+                           end_first=end_first)
+    serving = asyncio.create_task(server.serve())
+    try:
+        await sub.resync("e")
+        c = sub.counters("e")
+        assert c.replayed_batches == 30 and c.lost_batches == 0 and c.last_seq == 29
+        assert index.stored_calls == 30 and len(index.snapshot("e")) == 30
+        assert server.requests >= 2
     finally:
         serving.cancel()
         await sub.close()

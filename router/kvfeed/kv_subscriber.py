@@ -47,6 +47,8 @@ _CLEARED = b"AllBlocksCleared"
 DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
 # Batches remembered per engine (seq -> payload digest) to tell duplicates from restarts.
 DUP_WINDOW = 4096
+# A replay asks again for what its answer lacked (dropped by the engine's ROUTER) this often.
+REPLAY_ROUNDS = 8
 
 
 def kv_namespace(lora_name: str | None, cache_salt: str | None) -> Hashable:
@@ -210,6 +212,11 @@ class KVSubscriber:
         assert self._ctx is not None and spec.replay_endpoint
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_msg_size)
+        # An engine sends its whole answer at once through a ROUTER, which DROPS what does not
+        # fit our queue (vLLM keeps 10,000 batches): the I/O thread must take it all in while
+        # the loop is busy, or the answer loses its end and is dropped whole. Its size is bounded
+        # by the engine's buffer.
+        sock.setsockopt(zmq.RCVHWM, 0)
         sock.connect(dial_address(offset_endpoint(spec.replay_endpoint, spec.dp_rank), spec.host))
         return sock
 
@@ -261,43 +268,73 @@ class KVSubscriber:
         The whole answer is read before any of it is applied, and what an AllBlocksCleared in
         it supersedes is skipped: an engine that has run a while answers with thousands of
         batches of blocks long gone, and applying them one by one would keep the index wrong
-        (and the feed's lock held) for seconds. A replay that stops answering is dropped whole
-        (``replay_timeout`` without a frame): applying part of a history leaves blocks in the
-        index that the missing rest removed."""
+        (and the feed's lock held) for seconds. The engine sends its answer at once through a
+        ROUTER that drops what its queue cannot hold (vLLM's), so an answer may come with holes
+        or without its end: the holes after the last clear are asked for again, from the first,
+        for up to REPLAY_ROUNDS rounds while each brings something new. A replay that stops
+        answering is dropped whole (``replay_timeout`` without a frame and nothing new):
+        applying part of a history leaves blocks in the index that the missing rest removed."""
         if feed.replay is None:
             return
         c = feed.counters
-        c.replays += 1
-        await feed.replay.send_multipart((b"", start.to_bytes(8, "big")))
-        batches: list[tuple[int, bytes]] = []  # since the last AllBlocksCleared seen
-        superseded = 0
-        while True:
-            if not await feed.replay.poll(int(self.replay_timeout * 1000)):
-                # The replay socket may be wedged mid-answer: start afresh next time.
-                self._reset_replay_socket(feed)
-                return
-            frames = await feed.replay.recv_multipart()
-            if len(frames) != 4:
-                c.decode_errors += 1
-                continue
-            _, _topic, seq_bytes, payload = frames
-            if seq_bytes == END_SEQ:
+        got: dict[int, bytes] = {}
+        cleared: int | None = None  # the seq of the last AllBlocksCleared received
+        ask = start
+        for _ in range(REPLAY_ROUNDS):
+            answer, complete = await self._replay_round(feed, ask)
+            fresh = 0
+            for seq, payload in answer:
+                if seq in got or (cleared is not None and seq < cleared):
+                    continue
+                got[seq] = payload
+                fresh += 1
+                if _CLEARED in payload and self._clears(payload):
+                    cleared = seq if cleared is None else max(cleared, seq)
+            if not fresh and not complete:
+                return  # the engine stopped answering: nothing applied
+            kept = sorted(s for s in got if cleared is None or s >= cleared)
+            hole = next((a + 1 for a, b in zip(kept, kept[1:], strict=False) if b != a + 1),
+                        None)
+            if hole is None and not complete and kept:
+                hole = kept[-1] + 1  # the end was lost: ask for what follows the last
+            if hole is None or not fresh:
                 break
-            if _CLEARED in payload and self._clears(payload):
-                superseded += len(batches)
-                batches.clear()
-            batches.append((int.from_bytes(seq_bytes, "big"), payload))
+            ask = hole
+        superseded = sum(1 for s in got if cleared is not None and s < cleared)
         c.superseded_batches += superseded
-        for seq, payload in batches:
+        for seq in sorted(got):
+            if cleared is not None and seq < cleared:
+                continue
             expected = feed.expected if feed.expected is not None else 0
             if seq < expected:
                 continue
             if seq > expected and not superseded:
-                # The engine's buffer no longer holds what we missed.
+                # The engine's buffer no longer holds what we missed (or it never came).
                 c.lost_batches += seq - expected
             superseded = 0  # what an applied clear superseded is not lost
             c.replayed_batches += 1
-            self._apply(feed, seq, payload)
+            self._apply(feed, seq, got[seq])
+
+    async def _replay_round(self, feed: _EngineFeed, start: int
+                            ) -> tuple[list[tuple[int, bytes]], bool]:
+        """Ask for the batches from ``start`` on: what came, and whether the end marker did."""
+        assert feed.replay is not None
+        feed.counters.replays += 1
+        await feed.replay.send_multipart((b"", start.to_bytes(8, "big")))
+        answer: list[tuple[int, bytes]] = []
+        while True:
+            if not await feed.replay.poll(int(self.replay_timeout * 1000)):
+                # The replay socket may be wedged mid-answer: start afresh next time.
+                self._reset_replay_socket(feed)
+                return answer, False
+            frames = await feed.replay.recv_multipart()
+            if len(frames) != 4:
+                feed.counters.decode_errors += 1
+                continue
+            _, _topic, seq_bytes, payload = frames
+            if seq_bytes == END_SEQ:
+                return answer, True
+            answer.append((int.from_bytes(seq_bytes, "big"), payload))
 
     def _clears(self, payload: bytes) -> bool:
         """Does this batch hold an AllBlocksCleared (not just the word, say in a LoRA name)?"""
