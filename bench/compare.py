@@ -192,9 +192,11 @@ def warmup_schedule(engines: int) -> list[tuple[float, bytes]]:
 
 
 def unique_bodies(count: int, tokens: int, seed: int = 7) -> list[bytes]:
+    """Non-streamed chats, each with a prompt of its own."""
     rng = random.Random(seed)
-    return [chat([{"role": "user", "content": f"{i}" + text(rng, tokens)}], MODEL, 1)
-            .replace(b'"stream": true', b'"stream": false') for i in range(count)]
+    return [json.dumps({"model": MODEL, "messages": [
+        {"role": "user", "content": f"{i}" + text(rng, tokens)}], "max_tokens": 1,
+        "temperature": 0}).encode() for i in range(count)]
 
 
 def rss_growth(fleet: Fleet, name: str, anchors: Anchors | None, logs: Path, seconds: float,
@@ -217,6 +219,9 @@ def rss_growth(fleet: Fleet, name: str, anchors: Anchors | None, logs: Path, sec
         rss1 = rss_bytes(ps)
     finally:
         router.stop()
+    if stats.errors:  # a growth measured on refused requests measures nothing
+        raise RuntimeError(f"{name}: {stats.errors} of {stats.sent} unique prompts failed "
+                           f"(log: {logs / f'rss-{name}.log'})")
     sent = max(stats.sent, 1)
     out = {"requests": stats.sent, "errors": stats.errors, "rss_before_mb": rss0 / MB,
            "rss_after_mb": rss1 / MB, "mb_per_100k": (rss1 - rss0) / MB / sent * 1e5}

@@ -31,13 +31,18 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def workload_table(runs: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| router | requests (errors) | hit rate | TTFT p50 / p99 ms (client) | engine TTFT "
+    lines = ["| router | requests (errors) | hit rate | requests hit (engine) | kvroute's "
+             "prediction right / over / under | TTFT p50 / p99 ms (client) | engine TTFT "
              "mean / p99 ms | engine queue mean ms | load spread max/mean | router CPU ms/req "
              "| total CPU ms/req | router RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
+        pred = r.get("prediction")
+        graded = ("–" if pred is None else
+                  f"{pred.get('right', 0)} / {pred.get('over', 0)} / {pred.get('under', 0)}")
         lines.append(
             f"| {name} | {r['requests']} ({r['errors']}) | {_f(r['hit_rate'], '.3f')} | "
+            f"{r.get('engine_hit_requests', '–')} | {graded} | "
             f"{_f(r['ttft_p50_ms'], '.1f')} / {_f(r['ttft_p99_ms'], '.1f')} | "
             f"{_f(r['engine_ttft_mean_ms'], '.1f')} / {_f(r['engine_ttft_p99_ms'], '.0f')} | "
             f"{_f(r['engine_queue_mean_ms'], '.1f')} | {_f(r['load_spread'], '.2f')} | "

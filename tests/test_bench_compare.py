@@ -41,7 +41,11 @@ def test_compare_miniature(tmp_path: Path) -> None:
     # kvroute's own decision for every request (x-kvroute-route), counted and logged per request.
     assert sum(run["route_reasons"].values()) == 24
     rows = (tmp_path / "logs" / "tenants-kvroute-http-requests.tsv").read_text().splitlines()
-    assert len(rows) == 24 and all("engine=" in row.split("\t")[3] for row in rows)
+    # Per request: index, due time, TTFT, the engine's cached tokens, kvroute's decision.
+    assert len(rows) == 24 and all("engine=" in row.split("\t")[4] for row in rows)
+    assert all(int(row.split("\t")[3]) >= 0 for row in rows)  # every engine reported it
+    assert sum(run["prediction"].values()) == 24
+    assert 0 < run["engine_hit_requests"] < 24
     growth = result["rss_growth"]["kvroute-http"]
     assert growth["requests"] > 0 and growth["errors"] == 0
     assert result["meta"]["engines"] == 1 and result["meta"]["routers"] == ["kvroute-http"]
