@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import msgspec
 import xxhash
@@ -277,22 +277,33 @@ class KVSubscriber:
         if feed.replay is None:
             return
         c = feed.counters
-        got: dict[int, bytes] = {}
-        cleared: int | None = None  # the seq of the last AllBlocksCleared received
+        got: dict[int, bytes] = {}  # what is kept: since the last AllBlocksCleared received
+        cleared = -1  # the seq of that clear
+        superseded: set[int] = set()  # what came before it
+        fresh = 0
+
+        def take(seq: int, payload: bytes) -> None:
+            nonlocal got, cleared, fresh
+            if seq in got or seq in superseded:
+                return
+            fresh += 1
+            if seq < cleared:  # a hole filled again, before the clear that undoes it
+                superseded.add(seq)
+                return
+            got[seq] = payload
+            if _CLEARED in payload and self._clears(payload):
+                # What came before it goes now: a long history is not held whole.
+                cleared = seq
+                superseded.update(s for s in got if s < seq)
+                got = {s: p for s, p in got.items() if s >= seq}
+
         ask = start
         for _ in range(REPLAY_ROUNDS):
-            answer, complete = await self._replay_round(feed, ask)
             fresh = 0
-            for seq, payload in answer:
-                if seq in got or (cleared is not None and seq < cleared):
-                    continue
-                got[seq] = payload
-                fresh += 1
-                if _CLEARED in payload and self._clears(payload):
-                    cleared = seq if cleared is None else max(cleared, seq)
+            complete = await self._replay_round(feed, ask, take)
             if not fresh and not complete:
                 return  # the engine stopped answering: nothing applied
-            kept = sorted(s for s in got if cleared is None or s >= cleared)
+            kept = sorted(got)
             hole = next((a + 1 for a, b in zip(kept, kept[1:], strict=False) if b != a + 1),
                         None)
             if hole is None and not complete and kept:
@@ -300,41 +311,39 @@ class KVSubscriber:
             if hole is None or not fresh:
                 break
             ask = hole
-        superseded = sum(1 for s in got if cleared is not None and s < cleared)
-        c.superseded_batches += superseded
+        c.superseded_batches += len(superseded)
+        skipped = bool(superseded)
         for seq in sorted(got):
-            if cleared is not None and seq < cleared:
-                continue
             expected = feed.expected if feed.expected is not None else 0
             if seq < expected:
                 continue
-            if seq > expected and not superseded:
+            if seq > expected and not skipped:
                 # The engine's buffer no longer holds what we missed (or it never came).
                 c.lost_batches += seq - expected
-            superseded = 0  # what an applied clear superseded is not lost
+            skipped = False  # what an applied clear superseded is not lost
             c.replayed_batches += 1
             self._apply(feed, seq, got[seq])
 
-    async def _replay_round(self, feed: _EngineFeed, start: int
-                            ) -> tuple[list[tuple[int, bytes]], bool]:
-        """Ask for the batches from ``start`` on: what came, and whether the end marker did."""
+    async def _replay_round(self, feed: _EngineFeed, start: int,
+                            take: Callable[[int, bytes], None]) -> bool:
+        """Ask for the batches from ``start`` on, each handed to ``take`` as it comes; whether
+        the end marker came."""
         assert feed.replay is not None
         feed.counters.replays += 1
         await feed.replay.send_multipart((b"", start.to_bytes(8, "big")))
-        answer: list[tuple[int, bytes]] = []
         while True:
             if not await feed.replay.poll(int(self.replay_timeout * 1000)):
                 # The replay socket may be wedged mid-answer: start afresh next time.
                 self._reset_replay_socket(feed)
-                return answer, False
+                return False
             frames = await feed.replay.recv_multipart()
             if len(frames) != 4:
                 feed.counters.decode_errors += 1
                 continue
             _, _topic, seq_bytes, payload = frames
             if seq_bytes == END_SEQ:
-                return answer, True
-            answer.append((int.from_bytes(seq_bytes, "big"), payload))
+                return True
+            take(int.from_bytes(seq_bytes, "big"), payload)
 
     def _clears(self, payload: bytes) -> bool:
         """Does this batch hold an AllBlocksCleared (not just the word, say in a LoRA name)?"""
