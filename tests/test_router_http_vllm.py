@@ -20,7 +20,7 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import EngineSpec
-from router.link.http_state import parse_load
+from router.link.http_state import parse_block_size, parse_load
 from tests.engines import MAX_MODEL_LEN, TINY_MODEL
 from tests.vllm_serve import SERVED_NAME, VllmServe
 from tests.waits import eventually
@@ -141,3 +141,13 @@ def test_client_disconnect_aborts_on_the_pod(router: LocalCluster,
     eventually(lambda: not router.state.client.engines["pod"].in_flight)
     _, generated_after = _pod_load(vllm_serve)
     assert generated_after - generated_before < max_tokens
+
+
+def test_the_pods_block_size_is_read_at_join(router: LocalCluster,
+                                             vllm_serve: VllmServe) -> None:
+    """vLLM's /metrics names its KV block size (vllm:cache_config_info), and the router's index
+    has it for the pod: routes are noted before the pod's first KV event."""
+    metrics = httpx.get(f"{vllm_serve.base_url}/metrics", timeout=30).content
+    size = parse_block_size(metrics)
+    assert size == 128  # the CPU build's block size
+    assert router.state.index.engines()["pod"] == size

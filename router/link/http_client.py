@@ -30,7 +30,7 @@ from router.config import EngineSpec, LinkConfig
 from router.link.engine_state import EngineStatus
 from router.link.generate_stream import GenerateReader, generate_body, request_bytes
 from router.link.http_conn import Connection, ConnectionClosed, Pool
-from router.link.http_state import HttpEngineState, parse_load
+from router.link.http_state import HttpEngineState, parse_block_size, parse_load
 from router.link.request_stream import RequestStream
 from serving.errors import (
     APIError,
@@ -337,8 +337,9 @@ class HttpEngineClient:
         self._mark_ready(eng)
 
     async def _describe(self, eng: HttpEngineState) -> EngineReadyResponse:
-        """The pod's context length (/v1/models) and KV-event publisher (/kv_event_sources,
-        unless the config names the endpoints), as a ready map."""
+        """The pod's context length (/v1/models), KV-event publisher (/kv_event_sources, unless
+        the config names the endpoints) and KV block size (/metrics, unless configured), as a
+        ready map."""
         status, body = await self._call(eng, "GET", "/v1/models")
         if status != 200:
             raise EngineUnavailableError(f"/v1/models answered {status}")
@@ -352,7 +353,14 @@ class HttpEngineClient:
                 log.warning("engine %s has %d data-parallel ranks: KV events of rank 0 only "
                             "are followed", eng.spec.name, len(sources))
             kv = sources.get("0") or (next(iter(sources.values())) if sources else None)
-        return EngineReadyResponse(max_model_len=max_len, block_size=eng.spec.block_size or 0,
+        block_size = eng.spec.block_size
+        if block_size is None:
+            try:
+                status, body = await self._call(eng, "GET", "/metrics")
+            except (EngineLinkError, TimeoutError):
+                status, body = 0, b""
+            block_size = parse_block_size(body) if status == 200 else None
+        return EngineReadyResponse(max_model_len=max_len, block_size=block_size or 0,
                                    kv_events_config=kv)
 
     async def _check_health(self, eng: HttpEngineState) -> None:

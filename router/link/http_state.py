@@ -4,6 +4,7 @@ The pod's load comes from its Prometheus ``/metrics``: ``vllm:num_requests_runni
 ``vllm:num_requests_waiting`` (summed over its engines), ``vllm:kv_cache_usage_perc``, and
 ``process_start_time_seconds`` (a new value is a restarted pod). A scrape older than
 ``max_age`` counts as no scrape: routing then weighs the router's own in-flight counts only.
+At join, the pod's KV block size is read from ``vllm:cache_config_info`` (``parse_block_size``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import EngineSpec
 from router.link.engine_state import MAX_QUEUE_COUNT, EngineStatus, QueueCounts
@@ -73,6 +75,29 @@ def _metric(body: bytes, name: bytes) -> float | None:
         if math.isfinite(value):
             total = value if total is None else total + value
     return total
+
+
+# Larger than any KV block size vLLM allows (it takes up to 256 tokens a block).
+MAX_BLOCK_SIZE = 1 << 16
+
+
+def parse_block_size(body: bytes) -> int | None:
+    """The ``block_size`` label of vLLM's ``vllm:cache_config_info`` in a /metrics body (its
+    CacheConfig as an info gauge), or None: absent, not a count, or not Prometheus text.
+
+    Known at join, it lets the router note the requests it routes to the pod before the pod's
+    first KV event (else it learns the size from the first BlockStored)."""
+    try:
+        for family in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            if family.name != "vllm:cache_config_info":
+                continue
+            for sample in family.samples:
+                value = sample.labels.get("block_size", "")
+                if value.isdigit() and 0 < int(value) <= MAX_BLOCK_SIZE:
+                    return int(value)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
 
 
 def parse_load(body: bytes, now: float) -> PodLoad:

@@ -3,10 +3,10 @@
 Routers read ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` as a pod's load and
 ``vllm:prefix_cache_queries_total`` / ``_hits_total`` as its cache hit rate;
 ``process_start_time_seconds`` tells a restarted process (prometheus_client's process metric,
-which vLLM exports too). ``vllm:request_queue_time_seconds`` and
-``vllm:time_to_first_token_seconds`` are vLLM's histograms, timed from the engine's receipt of
-each request (vLLM times TTFT from its API server's; the sim's face adds well under a
-millisecond).
+which vLLM exports too); ``vllm:cache_config_info`` carries the KV block size as a label.
+``vllm:request_queue_time_seconds`` and ``vllm:time_to_first_token_seconds`` are vLLM's
+histograms, timed from the engine's receipt of each request (vLLM times TTFT from its API
+server's; the sim's face adds well under a millisecond).
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ def metrics_text(engine: SimEngine, model: str) -> bytes:
     ):
         base = name.removesuffix("_total")
         lines += [f"# HELP {base} {doc}", f"# TYPE {base} {kind}", f"{name}{labels} {value}"]
+    # vLLM's CacheConfig as an info gauge (vLLM labels it with every CacheConfig field).
+    c = engine.config
+    lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+              "# TYPE vllm:cache_config_info gauge",
+              f'vllm:cache_config_info{{block_size="{c.block_size}",enable_prefix_caching="True",'
+              f'num_gpu_blocks="{c.num_gpu_blocks}",engine="{c.data_parallel_rank}"}} 1.0']
     for name, doc, hist in (
         ("vllm:request_queue_time_seconds",
          "Histogram of time spent in WAITING phase for request.", t.queue_time),
