@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.link.engine_state import QueueCounts
 from router.link.generate_stream import GenerateReader, rows_from_content
-from router.link.http_state import _metric, parse_load
+from router.link.http_state import _metric, parse_load, pod_counts
 from router.link.request_stream import RequestStream
 from wire.engine import EngineCoreOutput, FinishReason
 from wire.token_api import GenerateLogprob, GenerateLogprobsContent
@@ -113,6 +114,23 @@ def test_non_finite_and_negative_counts_are_not_load() -> None:
     load = parse_load(body, 0.0)
     assert (load.running, load.waiting) == (0, 0)
     assert _metric(b"\n" + body, b"vllm:num_requests_running") is None
+
+
+def test_a_pods_count_of_our_requests_is_taken_as_they_are_now() -> None:
+    """Scraped with 5 of ours running and 1 other frontend's waiting; ours finished since."""
+    load = parse_load(b"vllm:num_requests_running 5\nvllm:num_requests_waiting 1\n", 0.0, 5)
+    assert pod_counts(load, 0) == QueueCounts(0, 1)  # the pod is free but for the other one
+    assert pod_counts(load, 7) == QueueCounts(7, 1)  # ours went up to 7 since
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 60), st.integers(0, 60))
+def test_pod_counts_are_the_others_as_scraped_plus_ours_now(running: int, waiting: int,
+                                                            ours: int, now: int) -> None:
+    body = f"vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n"
+    counts = pod_counts(parse_load(body.encode(), 0.0, ours), now)
+    total = counts.num_running_reqs + counts.num_waiting_reqs
+    assert total == max(0, running + waiting - ours) + now
+    assert 0 <= counts.num_waiting_reqs <= waiting and counts.num_running_reqs >= 0
 
 
 @st.composite

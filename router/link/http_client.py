@@ -382,7 +382,7 @@ class HttpEngineClient:
             eng.counters.scrape_errors += 1
             return
         eng.counters.scrapes += 1
-        load = parse_load(body, time.monotonic())
+        load = parse_load(body, time.monotonic(), len(eng.in_flight))
         previous = eng.load
         eng.load = load
         if (previous is not None and load.start_time is not None
