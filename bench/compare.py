@@ -49,7 +49,7 @@ from compare_metrics import (  # noqa: E402
     rss_bytes,
 )
 from compare_report import markdown, plot  # noqa: E402
-from compare_routers import ANCHOR_ROUTERS, ROUTERS, Running, launch  # noqa: E402
+from compare_routers import ANCHOR_ROUTERS, ROUTERS, Launch, Running, launch  # noqa: E402
 from compare_workloads import WORKLOADS, Spec, Workload, build, chat, text  # noqa: E402
 
 from bench.httpload import run_in_process as closed_loop  # noqa: E402
@@ -88,9 +88,10 @@ class Progress:
 
 
 def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs: Path,
-            progress: Progress) -> dict[str, Any]:
+            progress: Progress, spec: Launch | None = None) -> dict[str, Any]:
+    """One router (``spec``, else the named one) in front of the fleet for one workload."""
     fleet.reset()
-    router = Running(launch(name, fleet, anchors), logs / f"{wl.name}-{name}.log")
+    router = Running(spec or launch(name, fleet, anchors), logs / f"{wl.name}-{name}.log")
     try:
         ready_s = router.wait_ready()
         ps = psutil.Process(router.proc.pid)

@@ -36,14 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", type=int, default=4)
     a = p.parse_args(argv)
     variants = dict(v.split("=", 1) for v in a.variant)
-    base = compare_routers.launch
 
-    def launch(name: str, fleet: Fleet, anchors: object) -> Launch:
-        spec = base("kvroute-http", fleet, None)
+    def launch(name: str, fleet: Fleet) -> Launch:
+        spec = compare_routers.launch("kvroute-http", fleet, None)
         extra = ["--config", variants[name]] if variants[name] else []
         return dataclasses.replace(spec, cmd=[*spec.cmd, *extra], name=name)
 
-    compare.launch = launch  # run_one starts its router through this name
     logs = Path(tempfile.mkdtemp(prefix="kvroute-ab-"))
     fleet = Fleet.plan(a.engines, compare.MODEL, SimTiming(), logs, zmq=False)
     wl = build(a.workload, Spec(compare.MODEL, 24.0, 15.0))
@@ -54,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.repeats):
             for name in variants:
                 progress.start(f"{a.workload} x {name}")
-                compare.run_one(fleet, wl, name, None, logs, progress)
+                compare.run_one(fleet, wl, name, None, logs, progress, launch(name, fleet))
     finally:
         fleet.stop()
     print(f"logs in {logs}", file=sys.stderr)

@@ -327,8 +327,8 @@ class HttpEngineClient:
             status, _ = await self._call(eng, "GET", "/health")
             if status != 200:
                 raise EngineUnavailableError(f"/health answered {status}")
-            ready = await self._describe(eng)
-            await self._scrape(eng)
+            metrics = await self._scrape(eng)
+            ready = await self._describe(eng, metrics)
         except (EngineLinkError, TimeoutError, msgspec.DecodeError) as exc:
             if eng.status is EngineStatus.CONNECTING:
                 log.debug("engine %s not ready yet: %s", eng.spec.name, exc)
@@ -336,10 +336,10 @@ class HttpEngineClient:
         eng.ready = ready
         self._mark_ready(eng)
 
-    async def _describe(self, eng: HttpEngineState) -> EngineReadyResponse:
+    async def _describe(self, eng: HttpEngineState, metrics: bytes | None) -> EngineReadyResponse:
         """The pod's context length (/v1/models), KV-event publisher (/kv_event_sources, unless
-        the config names the endpoints) and KV block size (/metrics, unless configured), as a
-        ready map."""
+        the config names the endpoints) and KV block size (its ``metrics`` body, unless
+        configured), as a ready map."""
         status, body = await self._call(eng, "GET", "/v1/models")
         if status != 200:
             raise EngineUnavailableError(f"/v1/models answered {status}")
@@ -354,12 +354,8 @@ class HttpEngineClient:
                             "are followed", eng.spec.name, len(sources))
             kv = sources.get("0") or (next(iter(sources.values())) if sources else None)
         block_size = eng.spec.block_size
-        if block_size is None:
-            try:
-                status, body = await self._call(eng, "GET", "/metrics")
-            except (EngineLinkError, TimeoutError):
-                status, body = 0, b""
-            block_size = parse_block_size(body) if status == 200 else None
+        if block_size is None and metrics is not None:
+            block_size = parse_block_size(metrics)
         return EngineReadyResponse(max_model_len=max_len, block_size=block_size or 0,
                                    kv_events_config=kv)
 
@@ -372,15 +368,16 @@ class HttpEngineClient:
         if status != 200:
             self._mark_dead(eng, f"/health answered {status}")
 
-    async def _scrape(self, eng: HttpEngineState) -> None:
+    async def _scrape(self, eng: HttpEngineState) -> bytes | None:
+        """Read the pod's load from its /metrics; the body, or None when the scrape failed."""
         try:
             status, body = await self._call(eng, "GET", "/metrics")
         except (EngineLinkError, TimeoutError):
             eng.counters.scrape_errors += 1
-            return
+            return None
         if status != 200:
             eng.counters.scrape_errors += 1
-            return
+            return None
         eng.counters.scrapes += 1
         load = parse_load(body, time.monotonic(), len(eng.in_flight))
         previous = eng.load
@@ -390,6 +387,7 @@ class HttpEngineClient:
                 and eng.status is EngineStatus.READY):
             log.warning("engine %s restarted (a new process start time)", eng.spec.name)
             eng.counters.connects += 1
+        return body
 
     def _mark_ready(self, eng: HttpEngineState) -> None:
         eng.status = EngineStatus.READY
