@@ -71,6 +71,10 @@ class PolicyConfig:
     # A cold prompt returns to the engine its head last went to unless that has more than this
     # factor times the fleet's mean load (in requests).
     cold_load_factor: float = 4.0
+    # ... and unless its prompt tokens still to prefill exceed the fewest of any engine's by more
+    # than this fraction of the prompt: a home still computing another cold prefill would make
+    # this one wait for it while another engine is free (inf = no such bound).
+    cold_home_slack: float = 0.5
     # A cached prefix shorter than this fraction of the prompt is treated as cold: chasing the
     # remnants that LRU eviction leaves on many engines would scatter a tenant across them.
     min_hit_fraction: float = 0.5
@@ -96,6 +100,8 @@ class PolicyConfig:
             raise ValueError("home_memory must be >= 0")
         if self.cold_load_factor < 1:
             raise ValueError("cold_load_factor must be >= 1")
+        if not self.cold_home_slack >= 0:  # NaN fails too
+            raise ValueError("cold_home_slack must be >= 0")
         if self.cache_threshold is not None and not 0.0 <= self.cache_threshold <= 1.0:
             raise ValueError("cache_threshold must be within [0, 1]")
 
@@ -233,7 +239,11 @@ class Policy:
                 pool = ranked
             last = self._homes.get(head)
             home = next((load for load in pool if load.engine == last), None)
-            if home is not None and home.requests + 1 > bound:
+            if home is not None and (
+                home.requests + 1 > bound
+                or home.pending_prefill_tokens > min(load.pending_prefill_tokens for load in pool)
+                + cfg.cold_home_slack * n_tokens
+            ):
                 home = None
             return self._remember(head, home or self._soonest_free(pool)), "cold"
         # 4. The cost: prompt tokens still to compute here + the work already queued here
@@ -267,8 +277,11 @@ class Policy:
         return min(loads, key=lambda load: (load.requests, load.work(rt)))
 
     def _soonest_free(self, loads: Sequence[EngineLoad]) -> EngineLoad:
-        """For a cold prompt: among the engines with the fewest requests and about the least
-        work (within COLD_WORK_SLACK of it, plus one request's), the one chosen longest ago.
+        """For a cold prompt: among the engines with about the least work (within
+        COLD_WORK_SLACK of it), the one chosen longest ago. Work, not the
+        count of requests: an engine decoding two answers is free before one computing a cold
+        prefill (counting requests first sent cold prompts behind prefills in progress while an
+        engine only decoded: bench/compare.py's pressure workload, its first seconds).
 
         Work is a count of tokens, not a time: engines that each compute one cold prefill
         have about the same work, and the one given its prefill longest ago is the closest to
@@ -277,10 +290,8 @@ class Policy:
         once there, each slower, while another engine frees up (the first second of a run,
         when every prompt is cold)."""
         rt = self.config.request_tokens
-        fewest = min(load.requests for load in loads)
-        pool = [load for load in loads if load.requests == fewest]
-        least = min(load.work(rt) for load in pool)
-        near = [load for load in pool if load.work(rt) <= least * COLD_WORK_SLACK + rt]
+        least = min(load.work(rt) for load in loads)
+        near = [load for load in loads if load.work(rt) <= least * COLD_WORK_SLACK]
         last = self._last_chosen
         return min(near, key=lambda load: (last.get(load.engine, 0), load.work(rt)))
 
