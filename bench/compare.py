@@ -87,6 +87,15 @@ class Progress:
               f"{summary}", file=sys.stderr, flush=True)
 
 
+def link_fleet(fleet: Fleet, logs: Path) -> None:
+    """Engines with a ZMQ face serve nothing before a ZMQ frontend linked them: one does, once."""
+    boot = Running(launch("kvroute-zmq", fleet, None), logs / "fleet-link.log")
+    try:
+        boot.wait_ready()
+    finally:
+        boot.stop()
+
+
 def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs: Path,
             progress: Progress, spec: Launch | None = None) -> dict[str, Any]:
     """One router (``spec``, else the named one) in front of the fleet for one workload."""
@@ -274,12 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         progress.start("fleet")
         fleet.start()
-        if zmq:  # such engines serve nothing before a ZMQ frontend linked them: one does, once
-            boot = Running(launch("kvroute-zmq", fleet, None), logs / "fleet-link.log")
-            try:
-                boot.wait_ready()
-            finally:
-                boot.stop()
+        if zmq:
+            link_fleet(fleet, logs)
         fleet.wait_healthy()
         progress.done(f"{a.engines} engines up")
         for i, wl_name in enumerate(workloads):

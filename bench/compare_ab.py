@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", required=True, help="NAME=CONFIG_FILE")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--zmq-fleet", action="store_true",
+                   help="the engines serve their ZMQ face too, as in bench/compare.py's fleet")
+    p.add_argument("--history", default="",
+                   help="workloads (comma-separated) run first through the first variant, so the "
+                        "engines' KV event buffers are as full as late in a full compare run")
     a = p.parse_args(argv)
     variants = dict(v.split("=", 1) for v in a.variant)
 
@@ -43,16 +48,25 @@ def main(argv: list[str] | None = None) -> int:
         return dataclasses.replace(spec, cmd=[*spec.cmd, *extra], name=name)
 
     logs = Path(tempfile.mkdtemp(prefix="kvroute-ab-"))
-    fleet = Fleet.plan(a.engines, compare.MODEL, SimTiming(), logs, zmq=False)
-    wl = build(a.workload, Spec(compare.MODEL, 24.0, 15.0))
-    progress = compare.Progress(a.repeats * len(variants))
+    fleet = Fleet.plan(a.engines, compare.MODEL, SimTiming(), logs, zmq=a.zmq_fleet)
+    spec = Spec(compare.MODEL, 24.0, 15.0)
+    wl = build(a.workload, spec)
+    history = [build(h, spec) for h in a.history.split(",") if h]
+    progress = compare.Progress(a.repeats * len(variants) + len(history))
     fleet.start()
     try:
+        if a.zmq_fleet:  # such engines serve nothing before a ZMQ frontend linked them
+            compare.link_fleet(fleet, logs)
         fleet.wait_healthy()
-        for _ in range(a.repeats):
-            for name in variants:
+        first = next(iter(variants))
+        for h in history:
+            progress.start(f"history: {h.name} x {first}")
+            compare.run_one(fleet, h, first, None, logs, progress, launch(first, fleet))
+        for k in range(a.repeats):
+            for name in variants:  # each run's logs apart: WORKLOAD-NAME-K-requests.tsv
                 progress.start(f"{a.workload} x {name}")
-                compare.run_one(fleet, wl, name, None, logs, progress, launch(name, fleet))
+                compare.run_one(fleet, wl, f"{name}-{k}", None, logs, progress,
+                                launch(name, fleet))
     finally:
         fleet.stop()
     print(f"logs in {logs}", file=sys.stderr)
