@@ -193,6 +193,14 @@ def _graded(predicted: int, cached: int) -> str:
     return "right"
 
 
+def fleet_warmup_bodies(scale: float = 1.0, rounds: int = 3) -> list[bytes]:
+    """Long prompts (1500 and 6000 tokens at scale 1, as the workloads') that warm a fresh
+    fleet."""
+    rng = random.Random(98)
+    return [chat([{"role": "user", "content": f"fleet warm-up {i}" + text(rng, round(n * scale))}],
+                 MODEL, 4) for i in range(rounds) for n in (1500, 6000)]
+
+
 def warmup_schedule(engines: int) -> list[tuple[float, bytes]]:
     """Short chats unrelated to any workload, a few per engine, in two waves."""
     rng = random.Random(99)
@@ -286,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         if zmq:
             link_fleet(fleet, logs)
         fleet.wait_healthy()
+        fleet.warm(fleet_warmup_bodies(a.scale))
         progress.done(f"{a.engines} engines up")
         for i, wl_name in enumerate(workloads):
             wl = build(wl_name, spec)

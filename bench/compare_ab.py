@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.zmq_fleet:  # such engines serve nothing before a ZMQ frontend linked them
             compare.link_fleet(fleet, logs)
         fleet.wait_healthy()
+        fleet.warm(compare.fleet_warmup_bodies())
         first = next(iter(variants))
         for h in history:
             progress.start(f"history: {h.name} x {first}")
