@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="workloads (comma-separated) run first through the first variant, so the "
                         "engines' KV event buffers are as full as late in a full compare run")
     a = p.parse_args(argv)
+    unknown = [h for h in a.history.split(",") if h and h not in WORKLOADS]
+    if unknown:
+        p.error(f"unknown --history workload(s) {', '.join(unknown)}; choose from "
+                f"{', '.join(WORKLOADS)}")
     variants = dict(v.split("=", 1) for v in a.variant)
 
     def launch(name: str, fleet: Fleet) -> Launch:

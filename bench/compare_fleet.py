@@ -176,10 +176,11 @@ class Fleet:
                 time.sleep(0.2)
 
     def warm(self, bodies: list[bytes], timeout: float = 60.0) -> None:
-        """Send each chat body to each engine's own HTTP face, then empty the caches: an engine's
-        first long prefills run slower (first-time code paths, allocations), and without this
-        the first router measured on a fresh fleet pays for them (+25 ms on the first second's
-        1500-token prompts of tenants, whichever router runs first)."""
+        """Send each chat body to each engine's own HTTP face, then empty the caches. A fresh
+        fleet's first long prefills are slower (measured from outside: tenants' first second
+        took ~25 ms more per request in the first run on a fresh fleet than in the next run, a
+        new router process on the same engines; what inside the engine costs it was not looked
+        into), and without this the first router measured pays for them."""
         for e in self.engines:
             for body in bodies:
                 req = urllib.request.Request(e.url + "/v1/chat/completions", data=body,
