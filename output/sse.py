@@ -40,13 +40,16 @@ RAW_SEND = "kvroute.raw_send"
 class StreamEnd:
     """How a stream's body ended, as ``sse_stream`` (the one place that knows) records it:
     ``completed`` after the request's last event, ``error`` when an error event ended it; neither
-    while the body is unfinished (the client left, or the writer was stopped)."""
+    while the body is unfinished (the client left, or the writer was stopped). ``on_error`` runs
+    as the error is recorded, before its event is written: whoever reads that event (or the
+    stream's end) already sees what ``on_error`` counted."""
 
-    __slots__ = ("completed", "error")
+    __slots__ = ("completed", "error", "on_error")
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[APIError], object] | None = None) -> None:
         self.completed = False
         self.error: APIError | None = None
+        self.on_error = on_error
 
 
 class Backlog:
@@ -140,6 +143,8 @@ async def sse_stream(
     if end is not None:
         end.error = error
         end.completed = error is None
+        if error is not None and end.on_error is not None:
+            end.on_error(error)
     yield b"".join(pending)
 
 

@@ -110,10 +110,15 @@ async def test_concurrent_streams(link: EngineClient, engine: EngineProc) -> Non
 async def test_abort_finishes_stream(link: EngineClient, engine: EngineProc) -> None:
     long = make_request(random_prompt(32), 400)
     stream = await link.submit(engine.name, long)
-    first = await anext(stream)
-    assert first.finish_reason is None
+    seen = [await anext(stream)]
     # The two counts routing reads, decoded alone, agree with the whole map (running: this one).
+    # They are read as the stream goes on: vLLM attaches a step's stats to ONE front-end's
+    # outputs, and a shared engine's first message to a new client may carry stats that predate
+    # this request (seen once in CI, after other clients had used the session's engine).
     state = link.engines[engine.name]
+    while state.queue_counts.num_running_reqs < 1 and len(seen) < 50:
+        seen.append(await anext(stream))
+    assert all(o.finish_reason is None for o in seen)
     counts, whole = state.queue_counts, state.scheduler_stats
     assert whole is not None and counts.num_running_reqs >= 1
     assert (counts.num_running_reqs, counts.num_waiting_reqs) == (
@@ -121,7 +126,7 @@ async def test_abort_finishes_stream(link: EngineClient, engine: EngineProc) -> 
     await link.abort([long.request_id])
     rest = await stream.collect()
     assert rest[-1].finish_reason == FinishReason.ABORT
-    assert len(tokens([first, *rest])) < 400
+    assert len(tokens([*seen, *rest])) < 400
     assert link.engines[engine.name].num_in_flight == 0
     # The engine really dropped it: it keeps serving, and stops counting the aborted request.
     out = await (await link.submit(engine.name, make_request(random_prompt(10), 2))).collect()

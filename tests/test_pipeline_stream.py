@@ -25,7 +25,7 @@ from output.pipeline import (
     PipelineSpec,
     interleave,
 )
-from output.sse import DONE, sse_stream
+from output.sse import DONE, StreamEnd, sse_stream
 from serving.errors import EngineDeadError
 from wire.engine import EngineCoreOutput, EngineError, FinishReason
 
@@ -264,6 +264,30 @@ def test_error_chunk_mid_stream(decoder: TokenDecoder) -> None:
 
     last = _events(asyncio.run(run_dead()))[-1]
     assert last["error"]["code"] == 503 and "ENGINE_CORE_DEAD" in last["error"]["message"]
+
+
+def test_an_error_is_recorded_before_its_event_is_written(decoder: TokenDecoder) -> None:
+    """A client that reads the error event, then the router's /metrics, must see it counted:
+    the end is recorded (and ``on_error`` run) before the write that carries the event."""
+    recorded: list[str] = []
+
+    async def dead() -> AsyncIterator[EngineCoreOutput]:
+        yield EngineCoreOutput("r", decoder.tokenizer.encode("partial").ids[:1])
+        raise EngineDeadError("engine e0 sent ENGINE_CORE_DEAD")
+
+    async def run() -> tuple[list[bytes], list[list[str]], StreamEnd]:
+        end = StreamEnd(on_error=lambda e: recorded.append(e.message))
+        seen: list[bytes] = []
+        at_write: list[list[str]] = []  # what was recorded as each write left
+        async for b in sse_stream(Pipeline(_spec(CHAT), decoder), _choices([dead()]), end=end):
+            seen.append(b)
+            at_write.append(list(recorded))
+        return seen, at_write, end
+
+    seen, at_write, end = asyncio.run(run())
+    assert _events(seen)[-1]["error"]["code"] == 503
+    assert end.error is not None and at_write[-1] == [end.error.message]
+    assert all(not r for r in at_write[:-1]) and not end.completed
 
 
 def test_collected_raises_on_error(decoder: TokenDecoder) -> None:

@@ -62,7 +62,7 @@ class EngineResponse:
         status = "200"
         try:
             if self.stream:
-                end = StreamEnd()
+                end = StreamEnd(on_error=lambda _: st.router_metrics.stream_errors.inc())
                 status = "499"  # until the stream says how it ended
                 body = sse_stream(pipeline, self._outputs(), self._abort_choice,
                                   ready=self._ready, end=end)
@@ -79,8 +79,6 @@ class EngineResponse:
                 status = _stream_status(end, sse.disconnected)
                 if sse.overflowed:
                     status = "slow_client"  # cut: it stopped reading (aborts cause slow_client)
-                if end.error is not None:
-                    st.router_metrics.stream_errors.inc()
             else:
                 status = await self._collected(pipeline, route, receive, send)
         finally:
