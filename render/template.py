@@ -276,6 +276,9 @@ class TemplateCache:
         self._max = max_entries
         self._compiled: OrderedDict[str, ChatTemplate] = OrderedDict()
 
+    def __contains__(self, source: object) -> bool:
+        return source in self._compiled
+
     def get(self, source: str) -> ChatTemplate:
         hit = self._compiled.get(source)
         if hit is not None:

@@ -1,4 +1,5 @@
-"""The render pool starts every thread, with each model's tokenizer used in it, before any request.
+"""The render pool starts every thread, with each model's tokenizer used in it and its chat
+templates compiled, before any request.
 
 A thread started on demand by the first big body, and its tokenizer's first encode there, cost
 that one request ~45 ms of TTFT in bench/compare.py (render/service/state.py ``render_pool``).
@@ -35,5 +36,8 @@ def test_every_render_thread_is_started_before_the_first_render() -> None:
         assert {ident for ident, _ in answers} <= started
         assert all(ids == renderer.encode(text, add_special_tokens=False) for _, ids in answers)
         assert _render_threads() - before == started
+        # The model's chat templates were compiled too: the first chat does not pay it.
+        assert renderer.files.chat_templates
+        assert all(src in renderer.templates for src in renderer.files.chat_templates.values())
     finally:
         pool.shutdown(wait=True)

@@ -122,7 +122,7 @@ def render_pool(threads: int, renderers: Iterable[Renderer]) -> ThreadPoolExecut
         try:
             with one_at_a_time:
                 for r in models:
-                    r.encode("warm-up: render thread", add_special_tokens=False)
+                    r.warm_up()
         except Exception:  # a thread that raises here would break the pool: it just stays cold
             log.exception("render thread warm-up failed")
 
