@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import psutil  # noqa: E402
-from compare import MODEL, link_fleet  # noqa: E402
+from compare import MODEL, fleet_warmup_bodies, link_fleet  # noqa: E402
 from compare_anchors import Anchors, ensure_anchors  # noqa: E402
 from compare_client import run_in_process  # noqa: E402
 from compare_fleet import Fleet, SimTiming  # noqa: E402
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         link_fleet(fleet, logs)
         fleet.wait_healthy()
+        fleet.warm(fleet_warmup_bodies())  # a fresh engine's first long prompts cost more
         for k in range(a.rounds):
             for name in names[k % len(names):] + names[:k % len(names)]:
                 r = run(fleet, name, anchors, logs, chats, a.gap)
