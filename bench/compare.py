@@ -14,7 +14,12 @@ fixed rate (bench/compare_client.py), and the run is graded by:
   - the client: TTFT (first SSE event) p50/p99, errors;
   - the processes (psutil): router CPU per request and RSS, engines' CPU per request.
 Then each router with caches emptied gets unique prompts back to back, and its RSS growth per
-100k unique prompts is measured. Results go to a JSON file, tables and the targets to stdout
+100k unique prompts is measured. Last, the CPU phase: a second fleet whose pods bill a text
+request's render at what vLLM's render spends (kvroute sim-engine --render-work vllm; set beside
+vLLM's own render server by bench/sim_render_cost.py) serves a few workloads at a low rate (the
+2-core machine could not serve vllm-router's cache_aware, which makes every pod render every
+request, at full rate with vLLM's render cost), and the total CPU per request across router and
+pods is measured there. Results go to a JSON file, tables and the targets to stdout
 (bench/compare_report.py), the figure to --plot. The order of routers rotates by workload so
 drift on the shared machine does not always favour the same one.
 """
@@ -58,6 +63,8 @@ MODEL = "qwen3"
 MB = 1024 * 1024
 HIT_TOKENS = 256  # a request counts as a hit when the engine found this many prompt tokens cached
 RSS_ROUTERS = ("kvroute-http", "sglang", "vllm-cache")
+CPU_ROUTERS = ("kvroute-http", "kvroute-zmq", "sglang", "vllm-cache", "vllm-kv")
+CPU_WORKLOADS = ("tenants", "agentic")
 
 
 class Progress:
@@ -249,6 +256,34 @@ def rss_growth(fleet: Fleet, name: str, anchors: Anchors | None, logs: Path, sec
     return out
 
 
+def cpu_phase(engines: int, routers: list[str], workloads: list[str], spec: Spec,
+              anchors: Anchors | None, logs: Path, progress: Progress) -> dict[str, Any]:
+    """Each router on each workload in front of a fleet whose pods spend vLLM's render CPU on
+    every text request (--render-work vllm), at ``spec``'s (low) rate: total CPU per request."""
+    zmq = "kvroute-zmq" in routers
+    fleet = Fleet.plan(engines, MODEL, SimTiming(), logs, zmq=zmq, render_work="vllm")
+    out: dict[str, Any] = {}
+    try:
+        progress.start("fleet at vLLM's render cost")
+        fleet.start()
+        if zmq:
+            link_fleet(fleet, logs)
+        fleet.wait_healthy()
+        fleet.warm(fleet_warmup_bodies(spec.scale))
+        progress.done(f"{engines} engines up")
+        for i, wl_name in enumerate(workloads):
+            wl = build(wl_name, spec)
+            order = routers[i % len(routers):] + routers[:i % len(routers)]
+            runs = {}
+            for name in order:
+                progress.start(f"CPU: {wl_name} x {name}")
+                runs[name] = run_one(fleet, wl, name, anchors, logs, progress)
+            out[wl_name] = {r: runs[r] for r in routers}
+    finally:
+        fleet.stop()
+    return out
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--routers", default=",".join(ROUTERS))
@@ -260,6 +295,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rss-seconds", type=float, default=20.0)
     p.add_argument("--rss-routers", default=",".join(RSS_ROUTERS))
     p.add_argument("--no-rss", action="store_true", help="skip the RSS-growth runs")
+    p.add_argument("--cpu-routers", default=",".join(CPU_ROUTERS))
+    p.add_argument("--cpu-workloads", default=",".join(CPU_WORKLOADS))
+    p.add_argument("--cpu-rate", type=float, default=6.0,
+                   help="requests per second in the CPU phase (pods at vLLM's render cost)")
+    p.add_argument("--cpu-seconds", type=float, default=12.0)
+    p.add_argument("--no-cpu", action="store_true", help="skip the CPU phase")
     p.add_argument("--json", default=str(ROOT / "bench" / "results" / "compare.json"))
     p.add_argument("--plot", help="write the figure here (PNG)")
     p.add_argument("--logs", help="keep the processes' logs here (default: a temp dir)")
@@ -271,11 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     routers = [r for r in a.routers.split(",") if r]
     workloads = [w for w in a.workloads.split(",") if w]
     rss_routers = [] if a.no_rss else [r for r in a.rss_routers.split(",") if r]
-    for r in (*routers, *rss_routers):
+    cpu_routers = [] if a.no_cpu else [r for r in a.cpu_routers.split(",") if r]
+    cpu_workloads = [w for w in a.cpu_workloads.split(",") if w] if cpu_routers else []
+    for r in (*routers, *rss_routers, *cpu_routers):
         if r not in ROUTERS:
             raise SystemExit(f"unknown router {r!r}; choose from {', '.join(ROUTERS)}")
-    anchors = (ensure_anchors() if any(r in ANCHOR_ROUTERS for r in (*routers, *rss_routers))
-               else None)
+    for w in (*workloads, *cpu_workloads):
+        if w not in WORKLOADS:
+            raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    every = (*routers, *rss_routers, *cpu_routers)
+    anchors = ensure_anchors() if any(r in ANCHOR_ROUTERS for r in every) else None
     logs = Path(a.logs) if a.logs else Path(tempfile.mkdtemp(prefix="kvroute-compare-"))
     logs.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
@@ -286,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.seconds:.0f} s at {a.rate:g} req/s each (logs in {logs})", file=sys.stderr)
     zmq = "kvroute-zmq" in (*routers, *rss_routers)
     fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=zmq)
-    result: dict[str, Any] = {"runs": {}, "rss_growth": {}}
-    progress = Progress(len(workloads) * len(routers) + len(rss_routers) + 1)
+    result: dict[str, Any] = {"runs": {}, "rss_growth": {}, "cpu_runs": {}}
+    progress = Progress(len(workloads) * len(routers) + len(rss_routers) + 1
+                        + (len(cpu_workloads) * len(cpu_routers) + 1 if cpu_routers else 0))
     try:
         progress.start("fleet")
         fleet.start()
@@ -312,11 +359,16 @@ def main(argv: list[str] | None = None) -> int:
                                                         a.rss_seconds, bodies, progress)
     finally:
         fleet.stop()
+    if cpu_routers:
+        cpu_spec = Spec(MODEL, a.cpu_rate, a.cpu_seconds, scale=a.scale)
+        result["cpu_runs"] = cpu_phase(a.engines, cpu_routers, cpu_workloads, cpu_spec, anchors,
+                                       logs / "cpu", progress)
     result["meta"] = {
         "started": started, "elapsed_s": time.monotonic() - t0, "load_before": load_before,
         "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "engines": a.engines, "seconds": a.seconds, "rate": a.rate, "scale": a.scale,
         "timing": dataclasses.asdict(SimTiming()), "routers": routers, "workloads": workloads,
+        "cpu_rate": a.cpu_rate, "cpu_seconds": a.cpu_seconds,
         "command": " ".join(["bench/compare.py", *(argv if argv is not None else sys.argv[1:])]),
     }
     out = Path(a.json)

@@ -110,12 +110,15 @@ class Fleet:
     engines: list[Engine] = field(default_factory=list)
     logs: Path | None = None
     zmq: bool = True  # serve the ZMQ face too (else HTTP only: ready without a ZMQ frontend)
+    # kvroute sim-engine --render-work: "vllm" bills a text request's render at vLLM's CPU
+    render_work: str = "kvroute"
 
     @classmethod
-    def plan(cls, n: int, model: str, timing: SimTiming, logs: Path, zmq: bool = True) -> Fleet:
+    def plan(cls, n: int, model: str, timing: SimTiming, logs: Path, zmq: bool = True,
+             render_work: str = "kvroute") -> Fleet:
         ports = free_ports(6 * n)
         engines = [Engine(f"e{i}", *ports[6 * i:6 * i + 6]) for i in range(n)]
-        return cls(model, timing, engines, logs, zmq)
+        return cls(model, timing, engines, logs, zmq, render_work)
 
     def start(self, timeout: float = 300.0) -> None:
         assert self.logs is not None
@@ -127,7 +130,7 @@ class Fleet:
             cmd = [*KVROUTE, "sim-engine", *zmq,
                    "--port", str(e.http_port), "--served-model-name", self.model,
                    "--kv-events-config", json.dumps(kv), "--frontend-gone-timeout", "0",
-                   "--enable-prompt-tokens-details",
+                   "--enable-prompt-tokens-details", "--render-work", self.render_work,
                    "--handshake-timeout", str(timeout), *self.timing.flags()]
             log = open(self.logs / f"{e.name}.log", "wb")  # noqa: SIM115 (the child keeps it)
             e.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

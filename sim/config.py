@@ -13,6 +13,9 @@ import msgspec
 from render.models import EMBEDDED_MODEL
 from sim.tokens import TokenTable
 
+# What a text request costs the face's CPU (--render-work; sim/http/vllm_render.py).
+RENDER_WORK = ("kvroute", "vllm")
+
 # vLLM's HANDSHAKE_TIMEOUT_MINS.
 HANDSHAKE_TIMEOUT_S = 5 * 60.0
 SIM_VLLM_VERSION = "0.32.0"
@@ -56,6 +59,8 @@ class HttpFaceConfig:
     enable_prompt_tokens_details: bool = False
     # vLLM's --timeout-keep-alive (uvicorn's default there: 5 s).
     keep_alive_timeout: float = 5.0
+    # "vllm": text requests also cost what vLLM's render spends (sim/http/vllm_render.py).
+    render_work: str = "kvroute"
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="usage reports the prompt's cached tokens (as vllm serve's flag)")
     http.add_argument("--timeout-keep-alive", type=float, default=5.0,
                       help="seconds an idle keep-alive connection stays open (vLLM's default 5)")
+    http.add_argument("--render-work", choices=RENDER_WORK, default="kvroute",
+                      help="kvroute (default): text requests are rendered by kvroute's renderer "
+                           "alone; vllm: each also does vLLM's render work (the chat "
+                           "template, then HF tokenizers' encode of the prompt), so it "
+                           "costs the pod's CPU what a vllm serve pod spends")
     model = p.add_argument_group("model and output")
     model.add_argument(
         "--model",
@@ -242,7 +252,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         if ns.port is not None:
             http = HttpFaceConfig(model, ns.served_model_name or ns.model or model.name,
                                   ns.host, ns.port, ns.enable_prompt_tokens_details,
-                                  ns.timeout_keep_alive)
+                                  ns.timeout_keep_alive, ns.render_work)
         tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))

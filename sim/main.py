@@ -65,6 +65,9 @@ def cli(argv: list[str]) -> int:
                       file=sys.stderr)
                 return 1
             # The line tests and tools wait for (with --port 0 it says which port).
+            if config.http is not None and config.http.render_work == "vllm":
+                print("kvroute sim-engine: text requests also do vLLM's render work "
+                      "(--render-work vllm)", flush=True)
             print(f"kvroute sim-engine: HTTP face on {face.url}", flush=True)
         engine.run()
     except HandshakeTimeout as e:

@@ -26,11 +26,13 @@ def test_compare_miniature(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "bench" / "compare.py"), "--routers", "kvroute-http",
          "--workloads", "tenants", "--engines", "1", "--seconds", "3", "--rate", "8",
          "--scale", "0.2", "--rss-seconds", "2", "--rss-routers", "kvroute-http",
+         "--cpu-routers", "kvroute-http", "--cpu-workloads", "tenants", "--cpu-rate", "4",
+         "--cpu-seconds", "2",
          "--json", str(out), "--plot", str(plot), "--logs", str(tmp_path / "logs")],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result) == {"runs", "rss_growth", "meta"}
+    assert set(result) == {"runs", "rss_growth", "cpu_runs", "meta"}
     run = result["runs"]["tenants"]["kvroute-http"]
     assert RUN_KEYS <= set(run)
     assert run["requests"] == 24 and run["errors"] == 0, run.get("first_error")
@@ -49,6 +51,13 @@ def test_compare_miniature(tmp_path: Path) -> None:
     growth = result["rss_growth"]["kvroute-http"]
     assert growth["requests"] > 0 and growth["errors"] == 0
     assert result["meta"]["engines"] == 1 and result["meta"]["routers"] == ["kvroute-http"]
+    # The CPU phase: a fleet of pods at vLLM's render cost, the same router at a lower rate.
+    cpu = result["cpu_runs"]["tenants"]["kvroute-http"]
+    assert cpu["requests"] == 8 and cpu["errors"] == 0 and cpu["total_cpu_ms_per_req"] > 0
+    assert "CPU phase: the pods bill each text request's render at vLLM's cost" in proc.stdout
+    vllm_work = "text requests also do vLLM's render work"
+    assert vllm_work in (tmp_path / "logs" / "cpu" / "e0.log").read_text()
+    assert vllm_work not in (tmp_path / "logs" / "e0.log").read_text()
     assert plot.stat().st_size > 0
     # The report names the run's figures and checks what it can without anchors.
     assert "| kvroute-http | 24 (0) |" in proc.stdout

@@ -5,7 +5,7 @@
     POST /v1/completions, /v1/chat/completions   rendered here, answered in OpenAI's shapes
     GET  /kv_event_sources, /health, /metrics (vLLM's metric names), /v1/models
     POST /v1/chat/completions/render, /v1/completions/render, /tokenize, /reset_prefix_cache,
-         /sim/prefix_cache/match   (sim/http/extra_routes.py)
+         /sim/prefix_cache/match, GET /sim/render_work   (sim/http/extra_routes.py)
 
 Requests are rendered by ``render`` (the tokens vLLM computes) and answered through the same
 output pipeline the router runs (``output``: vLLM's chunk shapes, SSE framing, usage); the
@@ -57,6 +57,7 @@ from sim.engine import SimEngine
 from sim.http.extra_routes import extra_routes
 from sim.http.link import FaceLink, Outputs, merged
 from sim.http.metrics import metrics_text
+from sim.http.vllm_render import VllmRenderWork
 from wire.engine import EngineCoreOutput, EngineCoreRequest
 from wire.sampling import SamplingParams
 
@@ -95,6 +96,23 @@ class FaceState:
     renderer: Renderer
     decoder: TokenDecoder
     created: int
+    # --render-work vllm: what vLLM's frontend spends rendering a text request, spent here too
+    vllm_work: VllmRenderWork | None = None
+    vllm_renders: int = 0  # requests that did it (GET /sim/render_work)
+
+    def render_chat(self, chat: ChatCompletionRequest) -> GenerateRequest:
+        gen = self.renderer.render_chat(chat)  # its verdicts and ids; then vLLM's cost
+        if self.vllm_work is not None:
+            self.vllm_work.chat(chat, gen)
+            self.vllm_renders += 1
+        return gen
+
+    def render_completion(self, req: CompletionRequest) -> list[GenerateRequest]:
+        gens = self.renderer.render_completion(req)
+        if self.vllm_work is not None:
+            self.vllm_work.completion(req)
+            self.vllm_renders += 1
+        return gens
 
 
 def _state(request: Request) -> FaceState:
@@ -117,10 +135,11 @@ def create_app(engine: SimEngine, on_ready: Callable[[], None] | None = None,
             renderer = await asyncio.to_thread(
                 Renderer.load, face.model_dir, served_model_name=face.served_model_name,
                 max_model_len=config.max_model_len)
+        work = VllmRenderWork(renderer, face.model_dir) if face.render_work == "vllm" else None
         link = FaceLink(engine)
         link.start()
         st = FaceState(engine, config, link, renderer, TokenDecoder(renderer.tokenizer),
-                       int(time.time()))
+                       int(time.time()), work)
         if on_ready is not None:
             on_ready()
         try:
@@ -182,7 +201,7 @@ async def chat_completions(request: Request) -> Response:
     body = await read_body(request, MAX_BODY)
     chat = decode_request(_CHAT, body)
     _check_model(st, chat.model)
-    gen = st.renderer.render_chat(chat)
+    gen = st.render_chat(chat)
     spec = _spec(CHAT, st, gen, return_token_ids=bool(chat.return_token_ids))
     return await _answer(st, request, spec, gen.token_ids, gen.sampling_params,
                          gen.request_id, bool(chat.stream), gen.cache_salt, gen.priority)
@@ -193,7 +212,7 @@ async def completions(request: Request) -> Response:
     body = await read_body(request, MAX_BODY)
     req = decode_request(_COMPLETION, body)
     _check_model(st, req.model)
-    gens = st.renderer.render_completion(req)
+    gens = st.render_completion(req)
     if len(gens) != 1:
         raise BadRequestError("the simulated engine answers one prompt per completions "
                               "request", "prompt")
