@@ -118,6 +118,7 @@ def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs
         run_in_process("127.0.0.1", router.spec.port, warm, lambda d, e: None, timeout=120.0)
         fleet.reset()
         before, cpu_r0, cpu_e0 = fleet.snapshot(), cpu_seconds(ps), fleet.cpu()
+        renders0 = fleet.renders()
         rss_start = rss_bytes(ps)
         schedule = [(r.at, r.body) for r in wl.requests]
         last = wl.requests[-1].at if wl.requests else 0.0
@@ -129,6 +130,7 @@ def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs
             results = run_in_process("127.0.0.1", router.spec.port, schedule, on_progress,
                                      timeout=last + 180.0)
         after, cpu_r1, cpu_e1 = fleet.snapshot(), cpu_seconds(ps), fleet.cpu()
+        renders1 = fleet.renders()
     finally:
         router.stop()
     fleet.check_alive()
@@ -163,6 +165,8 @@ def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs
         "router_cpu_ms_per_req": (cpu_r1 - cpu_r0) / n * 1e3,
         "engine_cpu_ms_per_req": engine_cpu / n * 1e3,
         "total_cpu_ms_per_req": (cpu_r1 - cpu_r0 + engine_cpu) / n * 1e3,
+        # Pods at vLLM's render cost (the CPU phase): the renders they did per request.
+        "pod_renders_per_req": (renders1 - renders0) / n,
         "router_rss_start_mb": rss_start / MB, "router_rss_peak_mb": rss.peak / MB,
         "router_rss_end_mb": rss.last / MB, "router_ready_s": ready_s,
         # The slowest first tokens and when they were due: a cold start or a burst shows here.

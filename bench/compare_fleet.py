@@ -195,6 +195,17 @@ class Fleet:
     def snapshot(self) -> list[EngineSnapshot]:
         return [scrape(e.url) for e in self.engines]
 
+    def renders(self) -> int:
+        """Text requests the pods have rendered at vLLM's cost so far (0 unless render_work is
+        "vllm"): a router's renders per request, from the pods' own count."""
+        if self.render_work != "vllm":
+            return 0
+        total = 0
+        for e in self.engines:
+            with urllib.request.urlopen(e.url + "/sim/render_work", timeout=10) as r:
+                total += int(json.loads(r.read())["vllm_renders"])
+        return total
+
     def cpu(self) -> list[float]:
         return [cpu_seconds(e.ps) if e.ps is not None else 0.0 for e in self.engines]
 

@@ -139,15 +139,16 @@ def cpu_table(result: dict[str, Any]) -> list[str]:
     lines = [f"CPU phase: the pods bill each text request's render at vLLM's cost "
              f"(--render-work vllm), {meta.get('cpu_seconds')} s per run at "
              f"{meta.get('cpu_rate')} req/s:", "",
-             "| workload | router | requests (errors) | hit rate | router CPU ms/req | pods' CPU "
-             "ms/req | total CPU ms/req | total / vllm-router cache_aware's |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| workload | router | requests (errors) | hit rate | pods' renders/req | router CPU "
+             "ms/req | pods' CPU ms/req | total CPU ms/req | total / vllm-router cache_aware's |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for wl, runs in result["cpu_runs"].items():
         vc = runs.get("vllm-cache")
         for name, r in runs.items():
             rel = ratio(r["total_cpu_ms_per_req"], vc["total_cpu_ms_per_req"]) if vc else None
             lines.append(f"| {wl} | {name} | {r['requests']} ({r['errors']}) | "
-                         f"{_f(r['hit_rate'], '.3f')} | {_f(r['router_cpu_ms_per_req'])} | "
+                         f"{_f(r['hit_rate'], '.3f')} | {_f(r.get('pod_renders_per_req'))} | "
+                         f"{_f(r['router_cpu_ms_per_req'])} | "
                          f"{_f(r['engine_cpu_ms_per_req'])} | {_f(r['total_cpu_ms_per_req'])} | "
                          f"{_f(rel)} |")
     return [*lines, ""]

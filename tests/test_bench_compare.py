@@ -54,6 +54,8 @@ def test_compare_miniature(tmp_path: Path) -> None:
     # The CPU phase: a fleet of pods at vLLM's render cost, the same router at a lower rate.
     cpu = result["cpu_runs"]["tenants"]["kvroute-http"]
     assert cpu["requests"] == 8 and cpu["errors"] == 0 and cpu["total_cpu_ms_per_req"] > 0
+    assert cpu["pod_renders_per_req"] == 0  # kvroute sends token ids: its pods render nothing
+    assert run["pod_renders_per_req"] == 0  # pods at kvroute's render cost count none
     assert "CPU phase: the pods bill each text request's render at vLLM's cost" in proc.stdout
     vllm_work = "text requests also do vLLM's render work"
     assert vllm_work in (tmp_path / "logs" / "cpu" / "e0.log").read_text()
