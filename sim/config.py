@@ -62,6 +62,11 @@ class HttpFaceConfig:
     # "vllm": text requests also cost what vLLM's render spends (sim/http/vllm_render.py).
     render_work: str = "kvroute"
 
+    def __post_init__(self) -> None:
+        if self.render_work not in RENDER_WORK:
+            raise ValueError(f"render_work must be one of {', '.join(RENDER_WORK)}, not "
+                             f"{self.render_work!r}")
+
 
 @dataclass(frozen=True)
 class SimConfig:

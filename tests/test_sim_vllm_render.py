@@ -3,7 +3,7 @@ chat template, then HF tokenizers' encode of the prompt), so bench/compare.py's 
 that makes them render at vLLM's CPU (bench/sim_render_cost.py measures it beside vLLM's own
 render server). Shown here: that work renders the very prompt kvroute's renderer does (so the
 cost is of the right work), and a pod in that mode does it once per text request, on every
-route that renders, and answers exactly as the default pod does.
+route that renders (/tokenize too), and answers exactly as the default pod does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ import msgspec
 import pytest
 
 from render.models import EMBEDDED_MODEL, EMBEDDED_SERVED_NAME
-from render.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from render.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+    decode_request,
+)
 from render.renderer import Renderer
 from sim.config import DEFAULT_MAX_MODEL_LEN, HttpFaceConfig
 from sim.http.face import HttpFace
@@ -70,6 +75,16 @@ def test_vllms_render_work_renders_the_prompt_kvroute_renders(renderer: Renderer
     ids = decode_request(completions, json.dumps(
         {"model": EMBEDDED_SERVED_NAME, "prompt": [[1, 2, 3]]}).encode())
     assert work.completion(ids) == []  # token ids cost vLLM no encode
+    tokenize = msgspec.json.Decoder(TokenizeRequest)
+    for body in ({"messages": CHATS[1]["messages"]}, {"prompt": "one two"}):
+        req = decode_request(tokenize, json.dumps(body).encode())
+        tokens = renderer.tokenize(req).tokens
+        assert work.tokenize(req, tokens) == tokens, body
+
+
+def test_the_render_work_is_one_of_two() -> None:
+    with pytest.raises(ValueError, match="render_work must be one of kvroute, vllm"):
+        HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, render_work="hf")
 
 
 def _same(answer: Any) -> Any:
@@ -111,7 +126,9 @@ def test_a_pod_at_vllms_render_cost_renders_each_text_request_once_and_answers_a
     calls += [("/v1/chat/completions", _chat(CHATS[1])),
               ("/v1/completions", {"model": EMBEDDED_SERVED_NAME, "prompt": "Count: one",
                                    "max_tokens": 3, "temperature": 0}),
-              ("/v1/completions/render", {"model": EMBEDDED_SERVED_NAME, "prompt": "x"})]
+              ("/v1/completions/render", {"model": EMBEDDED_SERVED_NAME, "prompt": "x"}),
+              ("/tokenize", {"model": EMBEDDED_SERVED_NAME, **CHATS[2]}),
+              ("/tokenize", {"model": EMBEDDED_SERVED_NAME, "prompt": "Count: one"})]
     for path, body in calls:
         a, b = plain.post(path, json=body), vllm_cost.post(path, json=body)
         assert a.status_code == b.status_code == 200, (path, a.text, b.text)

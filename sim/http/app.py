@@ -39,6 +39,8 @@ from render.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    TokenizeRequest,
+    TokenizeResponse,
     decode_request,
 )
 from render.renderer import Renderer
@@ -113,6 +115,13 @@ class FaceState:
             self.vllm_work.completion(req)
             self.vllm_renders += 1
         return gens
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        out = self.renderer.tokenize(req)
+        if self.vllm_work is not None:
+            self.vllm_work.tokenize(req, out.tokens)
+            self.vllm_renders += 1
+        return out
 
 
 def _state(request: Request) -> FaceState:

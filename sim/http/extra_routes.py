@@ -73,7 +73,7 @@ def extra_routes(state_of: Callable[[Request], FaceState],
         st = state_of(request)
         req = decode_request(_TOKENIZE, await read_body(request, MAX_BODY))
         check_model(st, req.model)
-        return Response(_ENCODER.encode(st.renderer.tokenize(req)), media_type=JSON)
+        return Response(_ENCODER.encode(st.tokenize(req)), media_type=JSON)
 
     async def reset_prefix_cache(request: Request) -> Response:
         st = state_of(request)

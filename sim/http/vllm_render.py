@@ -19,7 +19,12 @@ from pathlib import Path
 
 import tokenizers
 
-from render.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from render.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
 from render.renderer import Renderer
 
 
@@ -43,3 +48,14 @@ class VllmRenderWork:
         prompts = req.prompt if isinstance(req.prompt, list) else [req.prompt]
         return [self.tokenizer.encode(p, add_special_tokens=req.add_special_tokens).ids
                 for p in prompts if isinstance(p, str)]
+
+    def tokenize(self, req: TokenizeRequest, tokens: list[int]) -> list[int]:
+        """``/tokenize``: a chat's prompt (its ids decoded: the template's text, special tokens
+        and all) or the prompt string, encoded once, as vLLM's /tokenize renders either."""
+        text = (self.renderer.decode(tokens) if req.messages is not None
+                else req.prompt if isinstance(req.prompt, str) else None)
+        if text is None:
+            return []
+        ids: list[int] = self.tokenizer.encode(
+            text, add_special_tokens=req.messages is None and bool(req.add_special_tokens)).ids
+        return ids
