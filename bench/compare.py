@@ -260,32 +260,44 @@ def rss_growth(fleet: Fleet, name: str, anchors: Anchors | None, logs: Path, sec
     return out
 
 
+def bring_up(fleet: Fleet, logs: Path, scale: float = 1.0) -> None:
+    """Start the fleet, link it once if it has a ZMQ face (such engines serve nothing before a
+    ZMQ frontend linked them), wait until every engine serves, and warm it."""
+    fleet.start()
+    if fleet.zmq:
+        link_fleet(fleet, logs)
+    fleet.wait_healthy()
+    fleet.warm(fleet_warmup_bodies(scale))
+
+
+def run_workloads(fleet: Fleet, routers: list[str], workloads: list[str], spec: Spec,
+                  anchors: Anchors | None, logs: Path, progress: Progress,
+                  label: str = "") -> dict[str, Any]:
+    """Every router on every workload, the order of routers rotated by workload."""
+    out: dict[str, Any] = {}
+    for i, wl_name in enumerate(workloads):
+        wl = build(wl_name, spec)
+        runs = {}
+        for name in routers[i % len(routers):] + routers[:i % len(routers)]:
+            progress.start(f"{label}{wl_name} x {name}")
+            runs[name] = run_one(fleet, wl, name, anchors, logs, progress)
+        out[wl_name] = {r: runs[r] for r in routers}
+    return out
+
+
 def cpu_phase(engines: int, routers: list[str], workloads: list[str], spec: Spec,
               anchors: Anchors | None, logs: Path, progress: Progress) -> dict[str, Any]:
     """Each router on each workload in front of a fleet whose pods spend vLLM's render CPU on
     every text request (--render-work vllm), at ``spec``'s (low) rate: total CPU per request."""
-    zmq = "kvroute-zmq" in routers
-    fleet = Fleet.plan(engines, MODEL, SimTiming(), logs, zmq=zmq, render_work="vllm")
-    out: dict[str, Any] = {}
+    fleet = Fleet.plan(engines, MODEL, SimTiming(), logs, zmq="kvroute-zmq" in routers,
+                       render_work="vllm")
     try:
         progress.start("fleet at vLLM's render cost")
-        fleet.start()
-        if zmq:
-            link_fleet(fleet, logs)
-        fleet.wait_healthy()
-        fleet.warm(fleet_warmup_bodies(spec.scale))
+        bring_up(fleet, logs, spec.scale)
         progress.done(f"{engines} engines up")
-        for i, wl_name in enumerate(workloads):
-            wl = build(wl_name, spec)
-            order = routers[i % len(routers):] + routers[:i % len(routers)]
-            runs = {}
-            for name in order:
-                progress.start(f"CPU: {wl_name} x {name}")
-                runs[name] = run_one(fleet, wl, name, anchors, logs, progress)
-            out[wl_name] = {r: runs[r] for r in routers}
+        return run_workloads(fleet, routers, workloads, spec, anchors, logs, progress, "CPU: ")
     finally:
         fleet.stop()
-    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -341,20 +353,9 @@ def main(argv: list[str] | None = None) -> int:
                         + (len(cpu_workloads) * len(cpu_routers) + 1 if cpu_routers else 0))
     try:
         progress.start("fleet")
-        fleet.start()
-        if zmq:
-            link_fleet(fleet, logs)
-        fleet.wait_healthy()
-        fleet.warm(fleet_warmup_bodies(a.scale))
+        bring_up(fleet, logs, a.scale)
         progress.done(f"{a.engines} engines up")
-        for i, wl_name in enumerate(workloads):
-            wl = build(wl_name, spec)
-            order = routers[i % len(routers):] + routers[:i % len(routers)]
-            runs: dict[str, Any] = {}
-            for name in order:
-                progress.start(f"{wl_name} x {name}")
-                runs[name] = run_one(fleet, wl, name, anchors, logs, progress)
-            result["runs"][wl_name] = {r: runs[r] for r in routers}
+        result["runs"] = run_workloads(fleet, routers, workloads, spec, anchors, logs, progress)
         if rss_routers:
             bodies = unique_bodies(int(a.rss_seconds * 600) + 200, round(300 * a.scale))
             for name in rss_routers:

@@ -57,12 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     wl = build(a.workload, spec)
     history = [build(h, spec) for h in a.history.split(",") if h]
     progress = compare.Progress(a.repeats * len(variants) + len(history))
-    fleet.start()
     try:
-        if a.zmq_fleet:  # such engines serve nothing before a ZMQ frontend linked them
-            compare.link_fleet(fleet, logs)
-        fleet.wait_healthy()
-        fleet.warm(compare.fleet_warmup_bodies())
+        compare.bring_up(fleet, logs)
         first = next(iter(variants))
         for h in history:
             progress.start(f"history: {h.name} x {first}")

