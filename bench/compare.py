@@ -53,6 +53,8 @@ from compare_metrics import (  # noqa: E402
     pct,
     rss_bytes,
 )
+from compare_render_time import RenderTime  # noqa: E402
+from compare_render_time import measure as measure_render_time  # noqa: E402
 from compare_report import markdown, plot  # noqa: E402
 from compare_routers import ANCHOR_ROUTERS, ROUTERS, Launch, Running, launch  # noqa: E402
 from compare_workloads import WORKLOADS, Spec, Workload, build, chat, text  # noqa: E402
@@ -65,6 +67,7 @@ HIT_TOKENS = 256  # a request counts as a hit when the engine found this many pr
 RSS_ROUTERS = ("kvroute-http", "sglang", "vllm-cache")
 CPU_ROUTERS = ("kvroute-http", "kvroute-zmq", "sglang", "vllm-cache", "vllm-kv")
 CPU_WORKLOADS = ("tenants", "agentic")
+KVROUTE_TOKEN_IN = ("kvroute-http", "kvroute-zmq", "kvroute-rr")  # its pods render nothing
 
 
 class Progress:
@@ -165,8 +168,10 @@ def run_one(fleet: Fleet, wl: Workload, name: str, anchors: Anchors | None, logs
         "router_cpu_ms_per_req": (cpu_r1 - cpu_r0) / n * 1e3,
         "engine_cpu_ms_per_req": engine_cpu / n * 1e3,
         "total_cpu_ms_per_req": (cpu_r1 - cpu_r0 + engine_cpu) / n * 1e3,
-        # Pods at vLLM's render cost (the CPU phase): the renders they did per request.
-        "pod_renders_per_req": (renders1 - renders0) / n,
+        # Pods at vLLM's render cost: the renders they did (the CPU phase) or waited (the
+        # latency runs' --render-work vllm-time) per request, and the wait per request.
+        "pod_renders_per_req": (renders1[0] - renders0[0]) / n,
+        "pod_render_wait_ms_per_req": (renders1[1] - renders0[1]) / n * 1e3,
         "router_rss_start_mb": rss_start / MB, "router_rss_peak_mb": rss.peak / MB,
         "router_rss_end_mb": rss.last / MB, "router_ready_s": ready_s,
         # The slowest first tokens and when they were due: a cold start or a burst shows here.
@@ -311,6 +316,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rss-seconds", type=float, default=20.0)
     p.add_argument("--rss-routers", default=",".join(RSS_ROUTERS))
     p.add_argument("--no-rss", action="store_true", help="skip the RSS-growth runs")
+    p.add_argument("--pod-render", choices=("vllm-time", "kvroute"), default="vllm-time",
+                   help="what a text request costs the latency runs' pods: vllm-time (default): "
+                        "it waits vLLM's render time for its prompt, one at a time per pod; "
+                        "kvroute: kvroute's renderer alone (a few %% of vLLM's)")
+    p.add_argument("--render-time", metavar="BASE_MS,US_PER_TOKEN",
+                   help="vLLM's render time for --pod-render vllm-time (default: measured at "
+                        "the start on vLLM's own render server, bench/compare_render_time.py)")
     p.add_argument("--cpu-routers", default=",".join(CPU_ROUTERS))
     p.add_argument("--cpu-workloads", default=",".join(CPU_WORKLOADS))
     p.add_argument("--cpu-rate", type=float, default=6.0,
@@ -347,10 +359,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== {len(workloads)} workloads x {len(routers)} routers on {a.engines} sim engines, "
           f"{a.seconds:.0f} s at {a.rate:g} req/s each (logs in {logs})", file=sys.stderr)
     zmq = "kvroute-zmq" in (*routers, *rss_routers)
-    fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=zmq)
+    # Only routers that send text make the pods render: without one the pods' render is moot.
+    timed = a.pod_render == "vllm-time" and any(r not in KVROUTE_TOKEN_IN for r in routers)
     result: dict[str, Any] = {"runs": {}, "rss_growth": {}, "cpu_runs": {}}
-    progress = Progress(len(workloads) * len(routers) + len(rss_routers) + 1
+    progress = Progress(len(workloads) * len(routers) + len(rss_routers) + 1 + int(timed)
                         + (len(cpu_workloads) * len(cpu_routers) + 1 if cpu_routers else 0))
+    render_time: RenderTime | None = None
+    if timed:
+        progress.start("vLLM's render time")
+        render_time = (RenderTime.parse(a.render_time) if a.render_time
+                       else measure_render_time(logs / "render-time"))
+        progress.done(f"{render_time.base_ms:.2f} ms + {render_time.us_per_token:.2f} us a "
+                      "prompt token")
+    fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=zmq,
+                       render_work="vllm-time" if render_time else "kvroute",
+                       render_time=render_time.flag() if render_time else None)
     try:
         progress.start("fleet")
         bring_up(fleet, logs, a.scale)
@@ -374,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         "engines": a.engines, "seconds": a.seconds, "rate": a.rate, "scale": a.scale,
         "timing": dataclasses.asdict(SimTiming()), "routers": routers, "workloads": workloads,
         "cpu_rate": a.cpu_rate, "cpu_seconds": a.cpu_seconds,
+        "pod_render": fleet.render_work,
+        "render_time": dataclasses.asdict(render_time) if render_time else None,
         "command": " ".join(["bench/compare.py", *(argv if argv is not None else sys.argv[1:])]),
     }
     out = Path(a.json)

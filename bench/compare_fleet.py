@@ -110,15 +110,17 @@ class Fleet:
     engines: list[Engine] = field(default_factory=list)
     logs: Path | None = None
     zmq: bool = True  # serve the ZMQ face too (else HTTP only: ready without a ZMQ frontend)
-    # kvroute sim-engine --render-work: "vllm" bills a text request's render at vLLM's CPU
+    # kvroute sim-engine --render-work: "vllm" bills a text request's render at vLLM's CPU,
+    # "vllm-time" makes it wait vLLM's render time, render_time (--render-time BASE_MS,US)
     render_work: str = "kvroute"
+    render_time: str | None = None
 
     @classmethod
     def plan(cls, n: int, model: str, timing: SimTiming, logs: Path, zmq: bool = True,
-             render_work: str = "kvroute") -> Fleet:
+             render_work: str = "kvroute", render_time: str | None = None) -> Fleet:
         ports = free_ports(6 * n)
         engines = [Engine(f"e{i}", *ports[6 * i:6 * i + 6]) for i in range(n)]
-        return cls(model, timing, engines, logs, zmq, render_work)
+        return cls(model, timing, engines, logs, zmq, render_work, render_time)
 
     def start(self, timeout: float = 300.0) -> None:
         assert self.logs is not None
@@ -131,6 +133,7 @@ class Fleet:
                    "--port", str(e.http_port), "--served-model-name", self.model,
                    "--kv-events-config", json.dumps(kv), "--frontend-gone-timeout", "0",
                    "--enable-prompt-tokens-details", "--render-work", self.render_work,
+                   *(["--render-time", self.render_time] if self.render_time else []),
                    "--handshake-timeout", str(timeout), *self.timing.flags()]
             log = open(self.logs / f"{e.name}.log", "wb")  # noqa: SIM115 (the child keeps it)
             e.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -195,16 +198,19 @@ class Fleet:
     def snapshot(self) -> list[EngineSnapshot]:
         return [scrape(e.url) for e in self.engines]
 
-    def renders(self) -> int:
-        """Text requests the pods have rendered at vLLM's cost so far (0 unless render_work is
-        "vllm"): a router's renders per request, from the pods' own count."""
-        if self.render_work != "vllm":
-            return 0
-        total = 0
+    def renders(self) -> tuple[int, float]:
+        """Text requests the pods have rendered at vLLM's cost (CPU or time) so far, and the
+        render time they waited (--render-work vllm-time), from the pods' own count; (0, 0.0)
+        when render_work is "kvroute"."""
+        if self.render_work == "kvroute":
+            return 0, 0.0
+        total, seconds = 0, 0.0
         for e in self.engines:
             with urllib.request.urlopen(e.url + "/sim/render_work", timeout=10) as r:
-                total += int(json.loads(r.read())["vllm_renders"])
-        return total
+                work = json.loads(r.read())
+            total += int(work["vllm_renders"])
+            seconds += float(work["render_seconds"])
+        return total, seconds
 
     def cpu(self) -> list[float]:
         return [cpu_seconds(e.ps) if e.ps is not None else 0.0 for e in self.engines]

@@ -33,9 +33,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def workload_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| router | requests (errors) | hit rate | requests hit (engine) | kvroute's "
              "prediction right / over / under | TTFT p50 / p99 ms (client) | engine TTFT "
-             "mean / p99 ms | engine queue mean ms | load spread max/mean | router CPU ms/req "
-             "| total CPU ms/req | router RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mean / p99 ms | engine queue mean ms | pods' render renders / wait ms per req | "
+             "load spread max/mean | router CPU ms/req | total CPU ms/req | router RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         pred = r.get("prediction")
         graded = ("–" if pred is None else
@@ -45,7 +45,10 @@ def workload_table(runs: dict[str, dict[str, Any]]) -> list[str]:
             f"{r.get('engine_hit_requests', '–')} | {graded} | "
             f"{_f(r['ttft_p50_ms'], '.1f')} / {_f(r['ttft_p99_ms'], '.1f')} | "
             f"{_f(r['engine_ttft_mean_ms'], '.1f')} / {_f(r['engine_ttft_p99_ms'], '.0f')} | "
-            f"{_f(r['engine_queue_mean_ms'], '.1f')} | {_f(r['load_spread'], '.2f')} | "
+            f"{_f(r['engine_queue_mean_ms'], '.1f')} | "
+            f"{_f(r.get('pod_renders_per_req'))} / "
+            f"{_f(r.get('pod_render_wait_ms_per_req'), '.1f')} | "
+            f"{_f(r['load_spread'], '.2f')} | "
             f"{_f(r['router_cpu_ms_per_req'], '.2f')} | {_f(r['total_cpu_ms_per_req'], '.2f')} | "
             f"{_f(r['router_rss_peak_mb'], '.0f')} |")
     return lines
@@ -159,6 +162,12 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"Run {meta['started']} UTC, {meta['elapsed_s']:.0f} s, load average "
              f"{meta['load_before']} before / {meta['load_after']} after; {meta['engines']} "
              f"sim engines, {meta['seconds']} s per run at {meta['rate']} req/s.", ""]
+    rt = meta.get("render_time")
+    if rt:
+        lines += [f"The pods make each text request wait vLLM's render time, one at a time per "
+                  f"pod (--render-work vllm-time): {rt['base_ms']:.2f} ms + "
+                  f"{rt['us_per_token']:.2f} us a prompt token, measured on vLLM's render "
+                  "server (bench/compare_render_time.py).", ""]
     for wl, runs in result["runs"].items():
         lines += [f"**{wl}**", "", *workload_table(runs), ""]
     rows = ratio_rows(result)

@@ -13,8 +13,9 @@ import msgspec
 from render.models import EMBEDDED_MODEL
 from sim.tokens import TokenTable
 
-# What a text request costs the face's CPU (--render-work; sim/http/vllm_render.py).
-RENDER_WORK = ("kvroute", "vllm")
+# What a text request costs the face (--render-work): kvroute's render alone, vLLM's render work
+# on the CPU too (sim/http/vllm_render.py), or vLLM's render time waited (sim/http/render_time.py).
+RENDER_WORK = ("kvroute", "vllm", "vllm-time")
 
 # vLLM's HANDSHAKE_TIMEOUT_MINS.
 HANDSHAKE_TIMEOUT_S = 5 * 60.0
@@ -59,13 +60,20 @@ class HttpFaceConfig:
     enable_prompt_tokens_details: bool = False
     # vLLM's --timeout-keep-alive (uvicorn's default there: 5 s).
     keep_alive_timeout: float = 5.0
-    # "vllm": text requests also cost what vLLM's render spends (sim/http/vllm_render.py).
+    # "vllm": text requests also cost what vLLM's render spends (sim/http/vllm_render.py);
+    # "vllm-time": they wait render_time's (base s, s per prompt token) (sim/http/render_time.py).
     render_work: str = "kvroute"
+    render_time: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.render_work not in RENDER_WORK:
             raise ValueError(f"render_work must be one of {', '.join(RENDER_WORK)}, not "
                              f"{self.render_work!r}")
+        if (self.render_work == "vllm-time") != (self.render_time is not None):
+            raise ValueError("render_work 'vllm-time' takes render_time (base and per-token "
+                             "seconds), and only it does")
+        if self.render_time is not None and min(self.render_time) < 0:
+            raise ValueError(f"render_time must not be negative, not {self.render_time}")
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,17 @@ def blocks_for(max_model_len: int, block_size: int) -> int:
     return max(DEFAULT_NUM_GPU_BLOCKS, -(-max_model_len // block_size) + 1)
 
 
+def _render_time(text: str) -> tuple[float, float]:
+    """``BASE_MS,US_PER_TOKEN`` -> (base, per-token) seconds."""
+    try:
+        base_ms, us = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BASE_MS,US_PER_TOKEN, not {text!r}") from None
+    if base_ms < 0 or us < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return base_ms / 1e3, us / 1e6
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvroute sim-engine",
@@ -190,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="kvroute (default): text requests are rendered by kvroute's renderer "
                            "alone; vllm: each also does vLLM's render work (the chat "
                            "template, then HF tokenizers' encode of the prompt), so it "
-                           "costs the pod's CPU what a vllm serve pod spends")
+                           "costs the pod's CPU what a vllm serve pod spends; vllm-time: "
+                           "each waits, one at a time per pod, the time --render-time says "
+                           "vLLM's render takes, without spending it")
+    http.add_argument("--render-time", type=_render_time, metavar="BASE_MS,US_PER_TOKEN",
+                      help="with --render-work vllm-time: vLLM's render time for a text "
+                           "request, BASE_MS plus US_PER_TOKEN per prompt token "
+                           "(bench/compare_render_time.py measures them)")
     model = p.add_argument_group("model and output")
     model.add_argument(
         "--model",
@@ -257,7 +282,7 @@ def config_from_args(ns: argparse.Namespace) -> SimConfig:
         if ns.port is not None:
             http = HttpFaceConfig(model, ns.served_model_name or ns.model or model.name,
                                   ns.host, ns.port, ns.enable_prompt_tokens_details,
-                                  ns.timeout_keep_alive, ns.render_work)
+                                  ns.timeout_keep_alive, ns.render_work, ns.render_time)
         tokens = TokenTable.from_model_dir(model)
         if ns.eos_token_id:
             tokens = dataclasses.replace(tokens, eos_token_ids=tuple(ns.eos_token_id))

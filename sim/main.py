@@ -68,6 +68,11 @@ def cli(argv: list[str]) -> int:
             if config.http is not None and config.http.render_work == "vllm":
                 print("kvroute sim-engine: text requests also do vLLM's render work "
                       "(--render-work vllm)", flush=True)
+            if config.http is not None and config.http.render_time is not None:
+                base, per_token = config.http.render_time
+                print(f"kvroute sim-engine: text requests wait vLLM's render time, "
+                      f"{base * 1e3:g} ms + {per_token * 1e6:g} us a prompt token, one at a "
+                      "time (--render-work vllm-time)", flush=True)
             print(f"kvroute sim-engine: HTTP face on {face.url}", flush=True)
         engine.run()
     except HandshakeTimeout as e:

@@ -1,13 +1,16 @@
 """The sim pod's ``--render-work vllm``: a text request also does vLLM's render work (transformers'
 chat template, then HF tokenizers' encode of the prompt), so bench/compare.py's pods bill a router
 that makes them render at vLLM's CPU (bench/sim_render_cost.py measures it beside vLLM's own
-render server). Shown here: that work renders the very prompt kvroute's renderer does (so the
-cost is of the right work), and a pod in that mode does it once per text request, on every
-route that renders (/tokenize too), and answers exactly as the default pod does.
+render server); and ``--render-work vllm-time``: a text request waits vLLM's render time instead,
+one at a time per pod. Shown here: that work renders the very prompt kvroute's renderer does (so
+the cost is of the right work); a pod in either mode pays once per text request, on every route
+that renders (/tokenize too), the time waited is the given time for each prompt's tokens, and
+it answers exactly as the default pod does; the waits take turns.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +28,9 @@ from render.protocol import (
 )
 from render.renderer import Renderer
 from sim.config import DEFAULT_MAX_MODEL_LEN, HttpFaceConfig
+from sim.config import build_parser, config_from_args
 from sim.http.face import HttpFace
+from sim.http.render_time import RenderClock
 from sim.http.vllm_render import VllmRenderWork
 from sim.launch import start_sim_engine
 from sim.tokens import TokenTable
@@ -82,9 +87,44 @@ def test_vllms_render_work_renders_the_prompt_kvroute_renders(renderer: Renderer
         assert work.tokenize(req, tokens) == tokens, body
 
 
-def test_the_render_work_is_one_of_two() -> None:
-    with pytest.raises(ValueError, match="render_work must be one of kvroute, vllm"):
+RENDER_TIME = (0.002, 1.5e-6)  # 2 ms + 1.5 us a prompt token
+
+
+def test_the_render_work_is_one_of_three_and_only_vllm_time_takes_a_time() -> None:
+    with pytest.raises(ValueError, match="render_work must be one of kvroute, vllm, vllm-time"):
         HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, render_work="hf")
+    with pytest.raises(ValueError, match="'vllm-time' takes render_time"):
+        HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, render_work="vllm-time")
+    with pytest.raises(ValueError, match="'vllm-time' takes render_time"):
+        HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, render_time=RENDER_TIME)
+    with pytest.raises(ValueError, match="must not be negative"):
+        HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, render_work="vllm-time",
+                       render_time=(-0.001, 0.0))
+    ns = build_parser().parse_args(["--port", "0", "--render-work", "vllm-time",
+                                    "--render-time", "2,1.5"])
+    face = config_from_args(ns).http
+    assert face is not None and face.render_time == pytest.approx(RENDER_TIME)
+    for bad in ("2", "a,b", "-1,2"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--port", "0", "--render-time", bad])
+
+
+def test_render_waits_take_turns_in_the_pods_lane() -> None:
+    """A long wait then a short one, started together: the short one ends last, behind it in
+    the lane (side by side it would end first)."""
+    async def go() -> list[str]:
+        clock = RenderClock(0.0, 1e-3)
+        done: list[str] = []
+
+        async def render(name: str, tokens: int) -> None:
+            await clock.wait(tokens)
+            done.append(name)
+
+        await asyncio.gather(render("long", 50), render("short", 1))
+        assert clock.seconds == pytest.approx(0.051)
+        return done
+
+    assert asyncio.run(go()) == ["long", "short"]
 
 
 def _same(answer: Any) -> Any:
@@ -96,7 +136,8 @@ def _same(answer: Any) -> Any:
 
 def _pod(renderer: Renderer, render_work: str) -> Iterator[httpx.Client]:
     tokens = TokenTable.from_model_dir(EMBEDDED_MODEL)
-    face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, port=0, render_work=render_work)
+    face = HttpFaceConfig(EMBEDDED_MODEL, EMBEDDED_SERVED_NAME, port=0, render_work=render_work,
+                          render_time=RENDER_TIME if render_work == "vllm-time" else None)
     thread = start_sim_engine(None, tokens, http=face, step_time=0.001,
                               max_model_len=DEFAULT_MAX_MODEL_LEN)
     try:
@@ -113,15 +154,29 @@ def plain(renderer: Renderer) -> Iterator[httpx.Client]:
     yield from _pod(renderer, "kvroute")
 
 
-@pytest.fixture(scope="module")
-def vllm_cost(renderer: Renderer) -> Iterator[httpx.Client]:
-    yield from _pod(renderer, "vllm")
+@pytest.fixture(scope="module", params=["vllm", "vllm-time"])
+def vllm_cost(renderer: Renderer, request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    yield from _pod(renderer, request.param)
+
+
+def _prompt_tokens(path: str, answer: Any) -> int:
+    """The prompt tokens vLLM's render encodes for one answer of the calls below."""
+    if path == "/v1/chat/completions/render":
+        return len(answer["token_ids"])
+    if path == "/v1/completions/render":
+        return sum(len(g["token_ids"]) for g in answer)
+    if path == "/tokenize":
+        return int(answer["count"])
+    return int(answer["usage"]["prompt_tokens"])
 
 
 def test_a_pod_at_vllms_render_cost_renders_each_text_request_once_and_answers_alike(
         plain: httpx.Client, vllm_cost: httpx.Client) -> None:
-    assert plain.get("/sim/render_work").json() == {"render_work": "kvroute", "vllm_renders": 0}
-    assert vllm_cost.get("/sim/render_work").json() == {"render_work": "vllm", "vllm_renders": 0}
+    plain_work = {"render_work": "kvroute", "vllm_renders": 0, "render_seconds": 0.0}
+    assert plain.get("/sim/render_work").json() == plain_work
+    mode = vllm_cost.get("/sim/render_work").json()["render_work"]
+    assert vllm_cost.get("/sim/render_work").json() == {**plain_work, "render_work": mode}
+    waited = 0.0
     calls = [("/v1/chat/completions/render", _chat(chat)) for chat in CHATS]
     calls += [("/v1/chat/completions", _chat(CHATS[1])),
               ("/v1/completions", {"model": EMBEDDED_SERVED_NAME, "prompt": "Count: one",
@@ -133,11 +188,14 @@ def test_a_pod_at_vllms_render_cost_renders_each_text_request_once_and_answers_a
         a, b = plain.post(path, json=body), vllm_cost.post(path, json=body)
         assert a.status_code == b.status_code == 200, (path, a.text, b.text)
         assert _same(a.json()) == _same(b.json()), path
+        waited += RENDER_TIME[0] + RENDER_TIME[1] * _prompt_tokens(path, b.json())
     # Token-in generate renders nothing; a refused request is refused before any render work.
     assert vllm_cost.post("/inference/v1/generate", json={
         "token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}).status_code == 200
     assert vllm_cost.post("/v1/chat/completions/render",
                           json={**_chat(CHATS[0]), "model": "nope"}).status_code == 404
-    assert vllm_cost.get("/sim/render_work").json() == {"render_work": "vllm",
-                                                        "vllm_renders": len(calls)}
-    assert plain.get("/sim/render_work").json()["vllm_renders"] == 0
+    work = vllm_cost.get("/sim/render_work").json()
+    assert work["vllm_renders"] == len(calls)
+    # vllm-time: each text request waited base + per-token x its prompt tokens
+    assert work["render_seconds"] == (pytest.approx(waited) if mode == "vllm-time" else 0.0)
+    assert plain.get("/sim/render_work").json() == plain_work

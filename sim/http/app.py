@@ -59,6 +59,7 @@ from sim.engine import SimEngine
 from sim.http.extra_routes import extra_routes
 from sim.http.link import FaceLink, Outputs, merged
 from sim.http.metrics import metrics_text
+from sim.http.render_time import RenderClock
 from sim.http.vllm_render import VllmRenderWork
 from wire.engine import EngineCoreOutput, EngineCoreRequest
 from wire.sampling import SamplingParams
@@ -98,29 +99,40 @@ class FaceState:
     renderer: Renderer
     decoder: TokenDecoder
     created: int
-    # --render-work vllm: what vLLM's frontend spends rendering a text request, spent here too
+    # --render-work vllm: what vLLM's frontend spends rendering a text request, spent here too;
+    # --render-work vllm-time: the time it takes, waited here (one render at a time)
     vllm_work: VllmRenderWork | None = None
-    vllm_renders: int = 0  # requests that did it (GET /sim/render_work)
+    clock: RenderClock | None = None
+    vllm_renders: int = 0  # requests that did or waited it (GET /sim/render_work)
 
-    def render_chat(self, chat: ChatCompletionRequest) -> GenerateRequest:
+    async def _vllm_render(self, tokens: int) -> None:
+        if self.vllm_work is not None or self.clock is not None:
+            self.vllm_renders += 1
+        if self.clock is not None:
+            await self.clock.wait(tokens)
+
+    async def render_chat(self, chat: ChatCompletionRequest) -> GenerateRequest:
         gen = self.renderer.render_chat(chat)  # its verdicts and ids; then vLLM's cost
         if self.vllm_work is not None:
             self.vllm_work.chat(chat, gen)
-            self.vllm_renders += 1
+        await self._vllm_render(len(gen.token_ids))
         return gen
 
-    def render_completion(self, req: CompletionRequest) -> list[GenerateRequest]:
+    async def render_completion(self, req: CompletionRequest) -> list[GenerateRequest]:
         gens = self.renderer.render_completion(req)
         if self.vllm_work is not None:
             self.vllm_work.completion(req)
-            self.vllm_renders += 1
+        # vLLM encodes text prompts only; token-id prompts cost its render nothing
+        prompts = req.prompt if isinstance(req.prompt, list) else [req.prompt]
+        text = [len(g.token_ids) for p, g in zip(prompts, gens, strict=False) if isinstance(p, str)]
+        await self._vllm_render(sum(text))
         return gens
 
-    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         out = self.renderer.tokenize(req)
         if self.vllm_work is not None:
             self.vllm_work.tokenize(req, out.tokens)
-            self.vllm_renders += 1
+        await self._vllm_render(len(out.tokens))
         return out
 
 
@@ -145,10 +157,11 @@ def create_app(engine: SimEngine, on_ready: Callable[[], None] | None = None,
                 Renderer.load, face.model_dir, served_model_name=face.served_model_name,
                 max_model_len=config.max_model_len)
         work = VllmRenderWork(renderer, face.model_dir) if face.render_work == "vllm" else None
+        clock = RenderClock(*face.render_time) if face.render_time is not None else None
         link = FaceLink(engine)
         link.start()
         st = FaceState(engine, config, link, renderer, TokenDecoder(renderer.tokenizer),
-                       int(time.time()), work)
+                       int(time.time()), work, clock)
         if on_ready is not None:
             on_ready()
         try:
@@ -210,7 +223,7 @@ async def chat_completions(request: Request) -> Response:
     body = await read_body(request, MAX_BODY)
     chat = decode_request(_CHAT, body)
     _check_model(st, chat.model)
-    gen = st.render_chat(chat)
+    gen = await st.render_chat(chat)
     spec = _spec(CHAT, st, gen, return_token_ids=bool(chat.return_token_ids))
     return await _answer(st, request, spec, gen.token_ids, gen.sampling_params,
                          gen.request_id, bool(chat.stream), gen.cache_salt, gen.priority)
@@ -221,7 +234,7 @@ async def completions(request: Request) -> Response:
     body = await read_body(request, MAX_BODY)
     req = decode_request(_COMPLETION, body)
     _check_model(st, req.model)
-    gens = st.render_completion(req)
+    gens = await st.render_completion(req)
     if len(gens) != 1:
         raise BadRequestError("the simulated engine answers one prompt per completions "
                               "request", "prompt")

@@ -7,8 +7,9 @@ sim's own read of its true prefix cache.
     POST /sim/prefix_cache/match {"prompt_token_ids": [...], "cache_salt": null}
                                  -> {"cached_tokens": N}: the longest prefix of full blocks the
                                  engine holds now (sim only: a benchmark's oracle router reads it)
-    GET  /sim/render_work        {"render_work": "kvroute"|"vllm", "vllm_renders": N}: what a
-                                 text request costs here, and how many paid vLLM's render
+    GET  /sim/render_work        {"render_work": "kvroute"|"vllm"|"vllm-time", "vllm_renders":
+                                 N, "render_seconds": S}: what a text request costs here, how
+                                 many paid vLLM's render, and the render time they waited
 
 The match reads the engine's block pool from the face's thread without a lock: each lookup is
 one dict read, so an answer is at worst one engine step stale.
@@ -61,19 +62,19 @@ def extra_routes(state_of: Callable[[Request], FaceState],
         st = state_of(request)
         chat = decode_request(_CHAT, await read_body(request, MAX_BODY))
         check_model(st, chat.model)
-        return Response(_ENCODER.encode(st.render_chat(chat)), media_type=JSON)
+        return Response(_ENCODER.encode(await st.render_chat(chat)), media_type=JSON)
 
     async def completion_render(request: Request) -> Response:
         st = state_of(request)
         req = decode_request(_COMPLETION, await read_body(request, MAX_BODY))
         check_model(st, req.model)
-        return Response(_ENCODER.encode(st.render_completion(req)), media_type=JSON)
+        return Response(_ENCODER.encode(await st.render_completion(req)), media_type=JSON)
 
     async def tokenize(request: Request) -> Response:
         st = state_of(request)
         req = decode_request(_TOKENIZE, await read_body(request, MAX_BODY))
         check_model(st, req.model)
-        return Response(_ENCODER.encode(st.tokenize(req)), media_type=JSON)
+        return Response(_ENCODER.encode(await st.tokenize(req)), media_type=JSON)
 
     async def reset_prefix_cache(request: Request) -> Response:
         st = state_of(request)
@@ -93,8 +94,10 @@ def extra_routes(state_of: Callable[[Request], FaceState],
     async def render_work(request: Request) -> Response:
         st = state_of(request)
         assert st.config.http is not None
-        return Response(_ENCODER.encode({"render_work": st.config.http.render_work,
-                                         "vllm_renders": st.vllm_renders}), media_type=JSON)
+        return Response(_ENCODER.encode({
+            "render_work": st.config.http.render_work, "vllm_renders": st.vllm_renders,
+            "render_seconds": st.clock.seconds if st.clock is not None else 0.0}),
+            media_type=JSON)
 
     return [
         Route("/v1/chat/completions/render", chat_render, methods=["POST"]),
