@@ -5,7 +5,10 @@
         --engines 2 --seconds 5 --scale 0.3 --no-rss     # a miniature (what the test runs)
 
 One fleet of N simulated engines (bench/compare_fleet.py: both faces, real prefix caches and KV
-events, step time growing with batch and uncached prompt tokens) serves every run. For each
+events, step time growing with batch and uncached prompt tokens) serves every run; its pods make
+each text request wait vLLM's render time, one at a time per pod (--render-work vllm-time; the
+time measured first on vLLM's own render server, bench/compare_render_time.py), as a `vllm
+serve` pod's API server renders before its engine sees the request. For each
 workload (bench/compare_workloads.py) each router (bench/compare_routers.py) in turn is started
 in front of the fleet with emptied caches, the same schedule of streamed chats is replayed at a
 fixed rate (bench/compare_client.py), and the run is graded by:

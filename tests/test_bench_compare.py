@@ -1,6 +1,7 @@
-"""bench/compare.py in miniature (kvroute alone, one workload, one simulated engine, a few
-seconds), so the harness cannot rot: it runs end to end, the results file has its shape, and the
-engines report prefix-cache hits. It asserts no time or percentile (those are the bench's).
+"""bench/compare.py in miniature (kvroute and the oracle, one workload, one simulated engine, a
+few seconds), so the harness cannot rot: it runs end to end, the results file has its shape, and
+the engines report prefix-cache hits; the pods make the text the oracle forwards wait the given
+render time. It asserts no time or percentile (those are the bench's).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ def test_compare_miniature(tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     plot = tmp_path / "compare.png"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "compare.py"), "--routers", "kvroute-http",
-         "--workloads", "tenants", "--engines", "1", "--seconds", "3", "--rate", "8",
+        [sys.executable, str(ROOT / "bench" / "compare.py"), "--routers", "kvroute-http,oracle",
+         "--render-time", "4,7.5", "--workloads", "tenants", "--engines", "1", "--seconds", "3",
+         "--rate", "8",
          "--scale", "0.2", "--rss-seconds", "2", "--rss-routers", "kvroute-http",
          "--cpu-routers", "kvroute-http", "--cpu-workloads", "tenants", "--cpu-rate", "4",
          "--cpu-seconds", "2",
@@ -50,12 +52,24 @@ def test_compare_miniature(tmp_path: Path) -> None:
     assert 0 < run["engine_hit_requests"] < 24
     growth = result["rss_growth"]["kvroute-http"]
     assert growth["requests"] > 0 and growth["errors"] == 0
-    assert result["meta"]["engines"] == 1 and result["meta"]["routers"] == ["kvroute-http"]
+    meta = result["meta"]
+    assert meta["engines"] == 1 and meta["routers"] == ["kvroute-http", "oracle"]
+    # The oracle forwards the chat's text: the pod renders it, waiting vLLM's render time
+    # (4 ms + 7.5 us a prompt token here); kvroute sends token ids, which wait for nothing.
+    assert meta["pod_render"] == "vllm-time"
+    assert meta["render_time"] == {"base_ms": 4.0, "us_per_token": 7.5, "points": {}}
+    oracle = result["runs"]["tenants"]["oracle"]
+    assert oracle["requests"] == 24 and oracle["errors"] == 0, oracle.get("first_error")
+    assert oracle["pod_renders_per_req"] == 1
+    assert oracle["pod_render_wait_ms_per_req"] > 4.0
+    assert run["pod_render_wait_ms_per_req"] == 0
+    waits = "text requests wait vLLM's render time, 4 ms + 7.5 us a prompt token"
+    assert waits in (tmp_path / "logs" / "e0.log").read_text()
     # The CPU phase: a fleet of pods at vLLM's render cost, the same router at a lower rate.
     cpu = result["cpu_runs"]["tenants"]["kvroute-http"]
     assert cpu["requests"] == 8 and cpu["errors"] == 0 and cpu["total_cpu_ms_per_req"] > 0
     assert cpu["pod_renders_per_req"] == 0  # kvroute sends token ids: its pods render nothing
-    assert run["pod_renders_per_req"] == 0  # pods at kvroute's render cost count none
+    assert run["pod_renders_per_req"] == 0  # kvroute's requests render nothing on the pods
     assert "CPU phase: the pods bill each text request's render at vLLM's cost" in proc.stdout
     vllm_work = "text requests also do vLLM's render work"
     assert vllm_work in (tmp_path / "logs" / "cpu" / "e0.log").read_text()

@@ -27,8 +27,7 @@ from render.protocol import (
     decode_request,
 )
 from render.renderer import Renderer
-from sim.config import DEFAULT_MAX_MODEL_LEN, HttpFaceConfig
-from sim.config import build_parser, config_from_args
+from sim.config import DEFAULT_MAX_MODEL_LEN, HttpFaceConfig, build_parser, config_from_args
 from sim.http.face import HttpFace
 from sim.http.render_time import RenderClock
 from sim.http.vllm_render import VllmRenderWork

@@ -7,8 +7,8 @@ render every request (vllm-router's cache_aware), though real pods, each with CP
 can. For latency this mode keeps the time and drops the spending: a text request waits
 ``base + per_token * prompt tokens`` (``--render-time BASE_MS,US_PER_TOKEN``, measured on vLLM's
 own render server: bench/compare_render_time.py). The waits take turns in one lane per pod:
-vLLM's API server renders on one event loop and tokenizes through one thread, so a pod renders
-one request at a time.
+vLLM 0.32's renderer runs the chat template and the tokenizer in a thread pool of
+``--renderer-num-workers`` threads, 1 by default, so a pod renders one request at a time.
 """
 
 from __future__ import annotations
