@@ -145,12 +145,17 @@ def test_generate_streams_alike(sim_face: Face, vllm_serve: VllmServe) -> None:
     assert want.status_code == got.status_code == 200
     assert got.headers["content-type"] == want.headers["content-type"]
     w, g = events(want.content), events(got.content)
-    assert len(g) == len(w) == 5  # one event per token, then the usage event
-    for we, ge in zip(w, g, strict=True):
-        assert shape(ge) == shape(we)
-        assert ge["request_id"] == we["request_id"] == "generate-tokens-fidelity-stream"
-    assert [e["choices"][0]["finish_reason"] for e in g[:-1]] == [
-        e["choices"][0]["finish_reason"] for e in w[:-1]] == [None, None, None, "length"]
+    assert len(g) == 5  # the sim: one event per token, then the usage event
+    # vLLM's too, unless its API server lagged behind the engine: then the outputs that queued
+    # for the request are merged into one event (on a fresh server's first requests here).
+    assert 2 <= len(w) <= 5
+    for e in (*w, *g):
+        assert e["request_id"] == "generate-tokens-fidelity-stream"
+    assert [shape(e) for e in (g[0], g[-2], g[-1])] == [shape(e) for e in (w[0], w[-2], w[-1])]
+    assert [len(e["choices"][0]["token_ids"]) for e in g[:-1]] == [1, 1, 1, 1]
+    assert sum(len(e["choices"][0]["token_ids"]) for e in w[:-1]) == 4
+    assert [e["choices"][0]["finish_reason"] for e in g[:-1]] == [None, None, None, "length"]
+    assert [e["choices"][0]["finish_reason"] for e in w[:-1]] == [None] * (len(w) - 2) + ["length"]
     assert present(g[-1]["usage"]) == present(w[-1]["usage"])  # counts and cached tokens
 
 
