@@ -323,7 +323,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="what a text request costs the latency runs' pods: vllm-time (default): "
                         "it waits vLLM's render time for its prompt, one at a time per pod; "
                         "kvroute: kvroute's renderer alone (a few %% of vLLM's)")
-    p.add_argument("--render-time", metavar="BASE_MS,US_PER_TOKEN",
+    p.add_argument("--render-time", metavar="BASE_MS,US_PER_TOKEN", type=RenderTime.parse,
                    help="vLLM's render time for --pod-render vllm-time (default: measured at "
                         "the start on vLLM's own render server, bench/compare_render_time.py)")
     p.add_argument("--cpu-routers", default=",".join(CPU_ROUTERS))
@@ -370,8 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     render_time: RenderTime | None = None
     if timed:
         progress.start("vLLM's render time")
-        render_time = (RenderTime.parse(a.render_time) if a.render_time
-                       else measure_render_time(logs / "render-time"))
+        render_time = a.render_time or measure_render_time(logs / "render-time")
         progress.done(f"{render_time.base_ms:.2f} ms + {render_time.us_per_token:.2f} us a "
                       "prompt token")
     fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=zmq,

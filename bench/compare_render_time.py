@@ -49,13 +49,15 @@ class RenderTime:
 
     @classmethod
     def parse(cls, text: str) -> RenderTime:
+        """``BASE_MS,US_PER_TOKEN`` (an argparse type: a ValueError is its usage error)."""
         base, per = (float(x) for x in text.split(","))
+        if base < 0 or per < 0:
+            raise ValueError(f"negative render time {text!r}")
         return cls(base, per, {})
 
 
-def prompt_tokens(chats: list[bytes]) -> float:
+def prompt_tokens(renderer: Renderer, chats: list[bytes]) -> float:
     """The chats' mean prompt tokens (kvroute's renderer: the ids vLLM computes)."""
-    renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=NAME)
     return statistics.fmean(len(renderer.render_chat(decode_request(_CHAT, c)).token_ids)
                             for c in chats)
 
@@ -63,9 +65,10 @@ def prompt_tokens(chats: list[bytes]) -> float:
 def measure(logs: Path, requests: int = 30) -> RenderTime:
     logs.mkdir(parents=True, exist_ok=True)
     chats = {w: bodies(w, requests, NAME) for w in WORKLOADS}
+    renderer = Renderer.load(EMBEDDED_MODEL, served_model_name=NAME)
     server = start("vllm-py", "0-1", 2, logs)
     try:
-        points = {w: (prompt_tokens(c), 1e3 * cpu_per_request(server, c))
+        points = {w: (prompt_tokens(renderer, c), 1e3 * cpu_per_request(server, c))
                   for w, c in chats.items()}
     finally:
         server.stop()
