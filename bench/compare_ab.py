@@ -4,10 +4,14 @@
         --variant default= --variant tight-home=/tmp/home.toml
 
 Each ``--variant NAME=FILE`` is kvroute cache_aware over HTTP with ``--config FILE`` added (empty:
-none). One fleet of simulated engines (HTTP only, fresh caches before every run) serves every run,
-and the variants take turns, so drift on the shared machine does not favour one. Prints each
-run's hit rate and TTFT p50 / p99 (bench/compare.py's ``run_one``). Used for the causes named in
-docs/benchmarks.md ("Router comparison"), e.g. a pod's scraped counts, a cold prompt's home bound.
+none); ``--variant NAME=router:ROUTER`` is one of bench/compare.py's routers as that harness
+starts it (``router:kvroute-rr``, kvroute's round robin: the floor a cache-aware p99 must beat;
+``router:kvroute-zmq``; ``router:oracle``). One fleet of simulated engines (fresh caches before
+every run) serves every run, and the variants take turns, so drift on the shared machine does
+not favour one. Prints each run's hit rate and TTFT p50 / p99 as it ends (bench/compare.py's
+``run_one``), and at the end a table of every run's, with the router's and the engines' CPU per
+request. Used for the causes named in docs/benchmarks.md ("Router comparison"), e.g. a pod's
+scraped counts, a cold prompt's home bound.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ from compare_workloads import WORKLOADS, Spec, build  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="pressure", choices=WORKLOADS)
-    p.add_argument("--variant", action="append", required=True, help="NAME=CONFIG_FILE")
+    p.add_argument("--variant", action="append", required=True,
+                   help="NAME=CONFIG_FILE or NAME=router:ROUTER")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--rate", type=float, default=24.0, help="requests per second")
+    p.add_argument("--seconds", type=float, default=15.0, help="schedule length per run")
     p.add_argument("--zmq-fleet", action="store_true",
                    help="the engines serve their ZMQ face too, as in bench/compare.py's fleet")
     p.add_argument("--history", default="",
@@ -46,14 +53,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(WORKLOADS)}")
     variants = dict(v.split("=", 1) for v in a.variant)
 
+    routers = {name: v.removeprefix("router:") for name, v in variants.items()
+               if v.startswith("router:")}
+    ours = (*compare_routers.KVROUTE_ROUTERS, "oracle")  # those that need no anchor install
+    wrong = [r for r in routers.values() if r not in ours]
+    if wrong:
+        p.error(f"router:{wrong[0]} is not one of {', '.join(ours)}")
+
     def launch(name: str, fleet: Fleet) -> Launch:
+        if name in routers:
+            return dataclasses.replace(compare_routers.launch(routers[name], fleet, None),
+                                       name=name)
         spec = compare_routers.launch("kvroute-http", fleet, None)
         extra = ["--config", variants[name]] if variants[name] else []
         return dataclasses.replace(spec, cmd=[*spec.cmd, *extra], name=name)
 
     logs = Path(tempfile.mkdtemp(prefix="kvroute-ab-"))
     fleet = Fleet.plan(a.engines, compare.MODEL, SimTiming(), logs, zmq=a.zmq_fleet)
-    spec = Spec(compare.MODEL, 24.0, 15.0)
+    spec = Spec(compare.MODEL, a.rate, a.seconds)
     wl = build(a.workload, spec)
     history = [build(h, spec) for h in a.history.split(",") if h]
     progress = compare.Progress(a.repeats * len(variants) + len(history))
@@ -63,13 +80,24 @@ def main(argv: list[str] | None = None) -> int:
         for h in history:
             progress.start(f"history: {h.name} x {first}")
             compare.run_one(fleet, h, first, None, logs, progress, launch(first, fleet))
+        runs: dict[str, list[dict[str, object]]] = {name: [] for name in variants}
         for k in range(a.repeats):
             for name in variants:  # each run's logs apart: WORKLOAD-NAME-K-requests.tsv
                 progress.start(f"{a.workload} x {name}")
-                compare.run_one(fleet, wl, f"{name}-{k}", None, logs, progress,
-                                launch(name, fleet))
+                runs[name].append(compare.run_one(fleet, wl, f"{name}-{k}", None, logs,
+                                                  progress, launch(name, fleet)))
     finally:
         fleet.stop()
+    print(f"\n{a.workload}, {a.repeats} runs per variant, alternating (run by run):\n")
+    print("| variant | hit rate | TTFT p50 ms | TTFT p99 ms | router CPU ms/req "
+          "| engines' CPU ms/req |")
+    print("|---|---|---|---|---|---|")
+    for name, rs in runs.items():
+        def col(key: str, fmt: str, rs: list[dict[str, object]] = rs) -> str:
+            return " / ".join(format(r[key], fmt) for r in rs)
+        print(f"| {name} | {col('hit_rate', '.3f')} | {col('ttft_p50_ms', '.0f')} "
+              f"| {col('ttft_p99_ms', '.0f')} | {col('router_cpu_ms_per_req', '.2f')} "
+              f"| {col('engine_cpu_ms_per_req', '.2f')} |")
     print(f"logs in {logs}", file=sys.stderr)
     return 0
 

@@ -31,14 +31,26 @@ ROOT = Path(__file__).resolve().parent.parent
 KVROUTE = [sys.executable, "-m", "kvroute.cli"]
 
 
+# Every port free_ports handed out in this process: a port is free when chosen, but a sim
+# binds its KV ports only once it is ready, so the kernel could hand the same port to the next
+# process started meanwhile (it did: a sim's KV port and the fleet's ZMQ router's HTTP port).
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free now and not handed out before by this process."""
     socks = []
+    ports: list[int] = []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
+            socks.append(s)  # held until all are chosen: no port twice in one call
+            port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
+        return ports
     finally:
         for s in socks:
             s.close()

@@ -299,11 +299,14 @@ class LinkConfig:
     http_connect_timeout: float = 5.0
     http_first_byte_timeout: float = 30.0
     http_pool_idle: float = 4.0
-    # A pod's /health is probed this often; its /metrics (running and waiting requests)
-    # scraped this often, and a count older than http_load_max_age is not used for routing.
+    # A pod's /health is probed this often (counted from its last full answer, if later); its
+    # /metrics (running and waiting requests) scraped this often while it counts requests not
+    # ours, every http_load_interval_quiet while it counts only ours; a count older than
+    # http_load_max_age is not used for routing.
     http_health_interval: float = 1.0
     http_load_interval: float = 0.5
     http_load_max_age: float = 2.0
+    http_load_interval_quiet: float = 1.5
     # The key pods started with `vllm serve --api-key` require (from --engine-api-key-file or
     # KVROUTE_ENGINE_API_KEY); kept out of the repr (logs).
     engine_api_key: str | None = field(default=None, repr=False)
@@ -316,7 +319,8 @@ class LinkConfig:
         if not 0 <= self.client_index < 1 << 16:
             raise ValueError(f"client_index must be in [0, 65536), got {self.client_index}")
         for name in ("http_connect_timeout", "http_first_byte_timeout", "http_pool_idle",
-                     "http_health_interval", "http_load_interval", "http_load_max_age"):
+                     "http_health_interval", "http_load_interval", "http_load_max_age",
+                     "http_load_interval_quiet"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for peer in self.allowed_peers or ():

@@ -46,7 +46,8 @@ async def test_removal_finishes_wherever_it_lands_in_the_monitor_cycle() -> None
     server = await asyncio.start_server(_pod, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     rng = random.Random(7)
-    link = LinkConfig(http_load_interval=1e-6, http_health_interval=1e-6)
+    link = LinkConfig(http_load_interval=1e-6, http_load_interval_quiet=1e-6,
+                      http_health_interval=1e-6)
     stuck = []
     async with server, HttpEngineClient(link) as client:
         for i in range(REMOVALS):

@@ -3,7 +3,9 @@
 Per pod: a pool of keep-alive connections (router/link/http_conn.py), and one monitor task that
 turns the pod ready once ``/health`` answers 200 (then reads its ``/v1/models`` and, unless
 given in the config, ``/kv_event_sources``), probes ``/health`` every ``health_interval``
-and scrapes ``/metrics`` every ``load_interval`` (router/link/http_state.py). A stream the link
+(counted from the pod's last full answer if later: a pod serving steadily is not probed) and
+scrapes ``/metrics`` every ``load_interval``, or every ``load_interval_quiet`` while the pod
+counts no request but ours (router/link/http_state.py). A stream the link
 cuts (connection refused or lost, a timeout) makes the monitor probe at once: a pod that fails
 its probe is dead (no new requests) until one succeeds again; a new process start time in its
 metrics is a restarted pod (``counters.connects`` rises, as for a ZMQ engine's new handshake).
@@ -30,7 +32,13 @@ from router.config import EngineSpec, LinkConfig
 from router.link.engine_state import EngineStatus
 from router.link.generate_stream import GenerateReader, generate_body, request_bytes
 from router.link.http_conn import Connection, ConnectionClosed, Pool
-from router.link.http_state import HttpEngineState, parse_block_size, parse_load
+from router.link.http_state import (
+    HttpEngineState,
+    health_due,
+    parse_block_size,
+    parse_load,
+    scrape_interval,
+)
 from router.link.request_stream import RequestStream
 from serving.errors import (
     APIError,
@@ -229,7 +237,9 @@ class HttpEngineClient:
         eng = exchange.engine
         eng.in_flight.pop(reader.request_id, None)
         eng.counters.tokens += reader.tokens
-        if isinstance(error, EngineLinkError):
+        if error is None:
+            eng.answered = time.monotonic()  # its engine is alive: /health can wait
+        elif isinstance(error, EngineLinkError):
             eng.counters.stream_errors += 1
             eng.probe_now.set()
         elif error is not None:
@@ -302,23 +312,31 @@ class HttpEngineClient:
 
     async def _monitor(self, eng: HttpEngineState) -> None:
         link = self.link
-        last_health = 0.0
+        health = link.http_health_interval
+        last_health = next_scrape = 0.0
         while True:
             now = time.monotonic()
             if eng.status is not EngineStatus.READY:
                 await self._try_ready(eng)
+                next_scrape = 0.0
             else:
-                if eng.probe_now.is_set() or now - last_health >= link.http_health_interval:
+                if eng.probe_now.is_set() or health_due(now, last_health, eng.answered, health):
                     eng.probe_now.clear()
                     last_health = now
                     await self._check_health(eng)
-                if eng.status is EngineStatus.READY:
-                    await self._scrape(eng)
+                if eng.status is EngineStatus.READY and time.monotonic() >= next_scrape:
+                    scraped = await self._scrape(eng) is not None
+                    next_scrape = time.monotonic() + scrape_interval(
+                        eng.load if scraped else None, link.http_load_interval,
+                        link.http_load_interval_quiet)
                 eng.pool.prune()
-            wait = link.http_load_interval if eng.status is EngineStatus.READY else (
-                link.http_health_interval)
+            if eng.status is EngineStatus.READY:
+                now = time.monotonic()
+                wait = min(next_scrape, max(last_health, eng.answered) + health) - now
+            else:
+                wait = health
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout(max(wait, 0.0)):
                     await eng.probe_now.wait()
 
     async def _try_ready(self, eng: HttpEngineState) -> None:
