@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +35,7 @@ from render.errors import (
 from render.protocol import ChatCompletionRequest
 from render.service.config import parse_args
 from render.service.loading import Codecs, load_models
-from render.service.offload import RenderHelper, Unsendable
+from render.service.offload import Rendered, RenderHelper, Unsendable, result_unless_lost
 from render.service.state import Models, RenderCost, render_in
 from serving.errors import BodyTooLarge
 from serving.http_errors import error_response
@@ -334,6 +335,43 @@ async def test_a_helper_dying_mid_render_hands_the_request_back(models: Models) 
     assert helper.pids == () and helper.pool is None
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in respawned)
+
+
+async def test_a_render_its_pool_never_answers_falls_back_once_the_pool_is_lost() -> None:
+    """A pool that lost a helper but leaves its render pending (CPython's ProcessPoolExecutor
+    after shutdown(wait=False), gh-132969: the suite once waited 60 s on one): the pool's loss
+    ends the wait, as BrokenProcessPool, and the pending job is cancelled."""
+    loop = asyncio.get_running_loop()
+    job: asyncio.Future[Rendered] = loop.create_future()  # never answered
+    gone = asyncio.Event()
+    waiting = asyncio.create_task(result_unless_lost(job, gone))
+    await asyncio.sleep(0)  # one step: the task waits on both (not a timing sleep)
+    assert not waiting.done()
+    gone.set()
+    with pytest.raises(BrokenProcessPool):
+        await asyncio.wait_for(waiting, 10)
+    assert job.cancelled()
+
+
+async def test_a_render_that_answers_is_its_answer_and_a_caller_leaving_cancels_it() -> None:
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[Rendered] = loop.create_future()
+    rendered = Rendered(b"{}", 3, QWEN)
+    loop.call_soon(answered.set_result, rendered)
+    gone = asyncio.Event()
+    assert await result_unless_lost(answered, gone) == rendered
+    assert not gone.is_set()
+    failed: asyncio.Future[Rendered] = loop.create_future()
+    failed.set_exception(Unsendable("x"))
+    with pytest.raises(Unsendable):
+        await result_unless_lost(failed, gone)
+    pending: asyncio.Future[Rendered] = loop.create_future()
+    caller = asyncio.create_task(result_unless_lost(pending, gone))
+    await asyncio.sleep(0)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert pending.cancelled() and not gone.is_set()
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])

@@ -168,6 +168,28 @@ def _render_job(path: str, body: bytes) -> Rendered:
 # --- the serving process ----------------------------------------------------------------------
 
 
+async def result_unless_lost(job: asyncio.Future[Rendered], gone: asyncio.Event) -> Rendered:
+    """``job``'s result, or BrokenProcessPool once ``gone`` is set before it ends: its pool lost
+    a helper. The pool itself is meant to fail what it holds then, but CPython's
+    ProcessPoolExecutor does not always, once shut down with ``wait=False`` as a lost pool is
+    (gh-132969, fixed in 3.14: its manager thread can fail on the state shutdown resets): a
+    render left pending for ever (the suite saw one, 2026-12-03). A job still pending is
+    cancelled, also when the caller is."""
+    if not job.done():
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(gone.wait())
+        pending: set[asyncio.Future[Any]] = {job, waiter}
+        try:
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not job.done():
+                job.cancel()
+    if job.cancelled() and gone.is_set():
+        raise BrokenProcessPool("a render helper died with this render in its pool")
+    return job.result()
+
+
+
 class RenderHelper:
     """The helper processes of one serving process: started in the background, used once all have
     loaded their models, respawned when one dies. ``render_processes == 0``: never started.
@@ -188,6 +210,7 @@ class RenderHelper:
         self._spawning: asyncio.Future[tuple[ProcessPoolExecutor, list[Future[int]]]] | None = None
         self._pidfds: list[int] = []
         self._up = asyncio.Event()
+        self._gone = asyncio.Event()  # set when the current pool loses a helper
         self._closed = False
 
     def start(self) -> None:
@@ -201,12 +224,13 @@ class RenderHelper:
     async def render(self, path: str, body: bytes) -> Rendered | None:
         """``body`` rendered in a helper if it is big and the helpers are ready; None: render it in
         process (small body, no helper ready, the helper died, or its error could not be sent)."""
-        pool = self.pool
+        pool, gone = self.pool, self._gone
         if len(body) <= self.cfg.inline_max_bytes or not self.pids or pool is None:
             return None
         self._in_flight.inc()
         try:
-            out = await asyncio.wrap_future(pool.submit(_render_job, path, body))
+            out = await result_unless_lost(
+                asyncio.wrap_future(pool.submit(_render_job, path, body)), gone)
         except BrokenProcessPool:
             log.warning("render helper died with a request in flight: it renders in process; "
                         "respawning the helper")
@@ -286,7 +310,7 @@ class RenderHelper:
                 log.exception("cannot spawn a render helper; retrying in %.0f s", delay)
             else:
                 self._spawning = None
-                self.pool = pool
+                self.pool, self._gone = pool, asyncio.Event()
                 try:
                     pids = await asyncio.gather(*map(asyncio.wrap_future, warm_ups))
                 except Exception as exc:
@@ -342,8 +366,9 @@ class RenderHelper:
         self._restarts.inc()
         self._forget()
         self.pool = None
-        # Not cancel_futures: a queued render would raise CancelledError into its request. The
-        # broken pool fails every render it holds with BrokenProcessPool: each falls back.
+        # Every render in the pool falls back to the serving process (result_unless_lost). Not
+        # cancel_futures: the renders see the pool gone, not a CancelledError.
+        self._gone.set()
         pool.shutdown(wait=False)
         self._task = asyncio.create_task(self._start(), name="render-helper-start")
 
