@@ -189,7 +189,6 @@ async def result_unless_lost(job: asyncio.Future[Rendered], gone: asyncio.Event)
     return job.result()
 
 
-
 class RenderHelper:
     """The helper processes of one serving process: started in the background, used once all have
     loaded their models, respawned when one dies. ``render_processes == 0``: never started.

@@ -242,7 +242,7 @@ class HttpEngineClient:
         elif isinstance(error, EngineLinkError):
             eng.counters.stream_errors += 1
             eng.probe_now.set()
-        elif error is not None:
+        else:
             eng.counters.refused += 1
 
     def _resend(self, exchange: _Exchange) -> None:
