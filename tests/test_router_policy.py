@@ -98,6 +98,24 @@ def test_cache_aware_spills_when_the_holder_is_busy() -> None:
     assert (d.engine, d.reason, d.cached_tokens) == ("a", "spill", 0)
 
 
+def test_by_default_a_hit_waits_behind_at_most_twice_the_prefill_it_saves() -> None:
+    """The defaults' trade (bench/compare.py's pressure): a prefill token queued on the holder
+    weighs half a token to compute, a request in flight 16."""
+    prompt = list(range(100, 1100))  # held whole on b: 999 tokens saved (vLLM recomputes one)
+
+    def choose(b: EngineLoad) -> Decision:
+        policy, index = _policy()
+        index.store("b", prompt)
+        return policy.choose(prompt, None, [EngineLoad("a"), b], 0.0)
+
+    # b has 2000 tokens of cold prefill queued: 1 + (2000 + 2 x 32) / 2 > 1000 on idle a
+    assert choose(EngineLoad("b", in_flight=2, pending_prefill_tokens=2000)).reason == "spill"
+    # ... 1800: 1 + (1800 + 64) / 2 < 1000 (at the former quarter, up to 3868 queued)
+    assert choose(EngineLoad("b", in_flight=2, pending_prefill_tokens=1800)).engine == "b"
+    # Decoding requests weigh little: 40 of them (640) do not outweigh the hit.
+    assert choose(EngineLoad("b", in_flight=40)).engine == "b"
+
+
 def test_namespaces_do_not_share_a_prefix() -> None:
     policy, index = _policy()
     index.store("b", PROMPT, namespace="tenant-1")
