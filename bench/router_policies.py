@@ -8,7 +8,7 @@ cache and then applies kvroute's cost, so it bounds what any predictor can reach
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 
 from router.routing.policy import Decision, EngineLoad, Policy, PolicyConfig
 from sim.engine import SimEngine
@@ -64,8 +64,10 @@ class CharTreePolicy:
         return Decision(engine, 0, reason)
 
     def decide(self, tokens: Sequence[int], namespace: Hashable, loads: Sequence[EngineLoad],
-               now: float) -> tuple[Decision, Callable[[], None]]:
-        """The Dispatcher's entry point: the tree is updated in ``choose`` already."""
+               now: float, holders: Collection[str] | None = None
+               ) -> tuple[Decision, Callable[[], None]]:
+        """The Dispatcher's entry point: the tree is updated in ``choose`` already. ``holders``
+        (a LoRA adapter's engines) is not known to sgl-router's tree: this bench sends none."""
         return self.choose(tokens, namespace, loads, now), lambda: None
 
     def _insert(self, text: str, engine: str) -> None:
