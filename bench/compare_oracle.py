@@ -66,6 +66,11 @@ class TrueCaches:
     def note_routed_keys(self, engine: str, prompt: object, now: float, ttl: float) -> None:
         return None
 
+    def cut_short(self, engine: str, prompt: object, tokens: int, since: float) -> bool:
+        """No KV events here: the oracle reads each cache whole at decision time and never
+        discounts a prefix as being evicted (kvroute's PolicyConfig.eviction_window)."""
+        return False
+
 
 class Oracle:
     def __init__(self, urls: list[str], model: str) -> None:

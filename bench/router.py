@@ -553,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-tokens", type=float, default=PolicyConfig().request_tokens)
     p.add_argument("--cold-load-factor", type=float, default=PolicyConfig().cold_load_factor)
     p.add_argument("--min-hit-fraction", type=float, default=PolicyConfig().min_hit_fraction)
+    p.add_argument("--eviction-window", type=float, default=PolicyConfig().eviction_window,
+                   help="(c): 0 turns off discounting a prefix its engine is evicting")
     p.add_argument("--step-time", type=float, default=STEP_TIME, help="(c): s per engine step")
     p.add_argument("--prefill-per-token", type=float, default=PREFILL_PER_TOKEN,
                    help="(c): engine s per uncached prompt token")
@@ -584,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
               f"tenants, {a.requests} requests, {loop}")
         cfg = PolicyConfig("cache_aware", load_weight=a.load_weight,
                            request_tokens=a.request_tokens, cold_load_factor=a.cold_load_factor,
-                           min_hit_fraction=a.min_hit_fraction)
+                           min_hit_fraction=a.min_hit_fraction,
+                           eviction_window=a.eviction_window)
         print(f"  engine: step {a.step_time * 1e3:g} ms + {a.prefill_per_token * 1e3:g} ms per "
               f"uncached prompt token; load average {os.getloadavg()[0]:.2f}")
         results["c"], results["c_runs"] = asyncio.run(part_c(

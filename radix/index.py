@@ -18,6 +18,7 @@ Layout (memory is the constraint: millions of blocks, <= 200 bytes each):
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -45,6 +46,9 @@ FULL_ATTENTION_KINDS = frozenset({None, "full_attention", "mla_attention", "sink
 DEVICE_MEDIA = frozenset({None, "GPU"})
 
 BlockHash = bytes | int
+# Removed blocks remembered per engine (by key, with the time), for ``cut_short``: an engine of
+# 2048 blocks under bench/compare.py's cache pressure removes ~300 a second.
+REMOVED_MEMORY = 8192
 
 
 class Match(NamedTuple):
@@ -67,7 +71,8 @@ class IndexStats:
 
 
 class _Engine:
-    __slots__ = ("name", "index", "bit", "block_size", "group", "group_known", "hashes")
+    __slots__ = ("name", "index", "bit", "block_size", "group", "group_known", "hashes",
+                 "removed")
 
     def __init__(self, name: str, index: int, block_size: int | None) -> None:
         self.name = name
@@ -78,6 +83,9 @@ class _Engine:
         self.group: int | None = None
         self.group_known = False
         self.hashes: dict[BlockHash, int] = {}
+        # Keys of the blocks it last removed -> when (``apply_removed``'s ``now``), oldest first,
+        # at most REMOVED_MEMORY: what :meth:`PrefixIndex.cut_short` asks.
+        self.removed: dict[int, float] = {}
 
 
 def _norm(block_hash: BlockHash) -> BlockHash:
@@ -158,6 +166,23 @@ class PrefixIndex:
     def engine_blocks(self, engine: str) -> int:
         """Block hashes this engine has announced and not removed."""
         return len(self._engines[engine].hashes)
+
+    def cut_short(self, engine: str, prompt: PromptKeys, tokens: int, since: float) -> bool:
+        """Whether ``engine`` removed, at or after ``since``, the block that follows the first
+        ``tokens`` tokens of the prompt: its match there ends where the engine is evicting.
+
+        vLLM frees a finished request's blocks tail first, so a cached prefix is evicted from
+        its end and what is left of it is the next to go. A match that ends short of the
+        prompt because the prompt goes on differently is not cut short."""
+        eng = self._engines.get(engine)
+        if eng is None or not eng.removed or eng.block_size is None:
+            return False
+        size = eng.block_size
+        n, rest = divmod(tokens, size)
+        if rest or n >= self._own(prompt).blocks(size):
+            return False
+        at = eng.removed.get(prompt.keys(size, n + 1)[n])
+        return at is not None and at >= since
 
     def _set_block_size(self, eng: _Engine, block_size: int) -> None:
         eng.block_size = block_size
@@ -266,8 +291,10 @@ class PrefixIndex:
         *,
         group_idx: int | None = None,
         medium: str | None = None,
+        now: float | None = None,
     ) -> int:
-        """Apply one BlockRemoved; returns the number of known blocks dropped."""
+        """Apply one BlockRemoved; returns the number of known blocks dropped. With ``now``, the
+        dropped blocks are remembered as removed then (:meth:`cut_short`)."""
         eng = self._engines[engine]
         if medium not in DEVICE_MEDIA or (
             group_idx is not None and eng.group_known and group_idx != eng.group
@@ -276,6 +303,7 @@ class PrefixIndex:
             return 0
         dropped = 0
         memo: dict[int, int] = {}
+        removed = eng.removed
         for block_hash in block_hashes:
             key = eng.hashes.pop(_norm(block_hash), None)
             if key is None:
@@ -283,7 +311,13 @@ class PrefixIndex:
             self._clear_bit(key, eng, memo)
             self._optimistic.discard(key, eng.index)
             dropped += 1
+            if now is not None:
+                removed.pop(key, None)  # to the end: the dict stays oldest first
+                removed[key] = now
         self.stats.removed_blocks += dropped
+        if len(removed) > REMOVED_MEMORY:
+            for key in list(itertools.islice(removed, len(removed) - REMOVED_MEMORY)):
+                del removed[key]
         return dropped
 
     def apply_cleared(self, engine: str) -> None:
@@ -310,6 +344,7 @@ class PrefixIndex:
         for key in eng.hashes.values():
             self._clear_bit(key, eng, memo)
         eng.hashes.clear()
+        eng.removed.clear()  # nothing left to evict
         if routed:
             self._optimistic.drop_engine(eng.index)
 

@@ -466,3 +466,21 @@ async def test_a_replay_asks_again_for_what_its_answer_lacked(tmp_path: Path,
         await sub.close()
         server.sock.close(linger=0)
         ctx.term()
+
+
+async def test_a_removal_is_dated_on_the_index_s_clock() -> None:
+    """The policy discounts a prefix its engine is evicting (``PrefixIndex.cut_short``): the
+    subscriber dates each BlockRemoved on the router's monotonic clock, not the batch's stamp."""
+    from radix import PrefixIndex
+
+    index = PrefixIndex(10_000)
+    index.add_engine("e", BS)
+    ns = kv_namespace(None, None)
+    async with KVSubscriber(index) as sub:
+        sub.add_engine(KVEndpoints("e", "ipc:///nonexistent/kv-e"))
+        await sub.on_batch("e", 0, batch(stored([1, 2], None, list(range(8)))))
+        prompt = index.prepare(list(range(9)), ns)
+        before = time.monotonic()
+        await sub.on_batch("e", 1, batch(BlockRemoved([2], "GPU"), ts=1.0))  # an old wall stamp
+        assert index.cut_short("e", prompt, BS, before)
+        assert not index.cut_short("e", prompt, BS, time.monotonic() + 1.0)

@@ -157,3 +157,28 @@ def test_block_size_learned_from_events() -> None:
     first = META_CHECKPOINTS["full"][0]
     assert index.match(probe["tokens"], (None, None), batch.ts)["full"].confirmed_tokens == (
         first["cached"][0][1])
+
+
+def test_a_match_is_cut_short_where_its_engine_removed_the_next_block() -> None:
+    index = PrefixIndex(1000)
+    index.add_engine("e", 4)
+    index.add_engine("f", 4)
+    ns = namespace_for(None, None)
+    index.apply_stored("e", [1, 2, 3], None, list(range(12)), ns, 1.0, block_size=4)
+    prompt = index.prepare(list(range(14)), ns)  # 3 full blocks and 2 tokens
+    assert not index.cut_short("e", prompt, 8, 0.0)
+    assert index.apply_removed("e", [7], now=2.0) == 0  # never announced: nothing removed
+    assert index.apply_removed("e", [3], now=3.0) == 1  # the tail first, as vLLM frees
+    assert index.match_keys(prompt, 3.0)["e"].confirmed_tokens == 8
+    assert index.cut_short("e", prompt, 8, 3.0)
+    assert not index.cut_short("e", prompt, 8, 3.5)  # removed before ``since``
+    assert not index.cut_short("f", prompt, 8, 0.0)  # another engine's
+    assert not index.cut_short("e", prompt, 4, 0.0)  # block 1 is held
+    assert not index.cut_short("e", prompt, 12, 0.0)  # no full block follows
+    assert not index.cut_short("gone", prompt, 8, 0.0)
+    other = index.prepare([*range(8), 99, 99, 99, 99], ns)  # goes on differently after 8
+    assert not index.cut_short("e", other, 8, 0.0)
+    index.apply_removed("e", [2])  # undated: not remembered
+    assert not index.cut_short("e", prompt, 4, 0.0)
+    index.apply_cleared("e")  # nothing cached: nothing being evicted
+    assert not index.cut_short("e", prompt, 8, 0.0)

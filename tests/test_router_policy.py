@@ -36,6 +36,23 @@ class BlockIndex:
         # Like radix.PrefixIndex after add_engine: every known engine matches (maybe 0 tokens).
         self.blocks: dict[str, set[tuple[Hashable, tuple[int, ...]]]] = {e: set() for e in engines}
         self.routed: list[str] = []
+        self.removed: dict[str, dict[tuple[Hashable, tuple[int, ...]], float]] = {}
+
+    def evict(self, engine: str, tokens: Sequence[int], keep: int, now: float,
+              namespace: Hashable = None) -> None:
+        """The engine removes the prompt's blocks past its first ``keep`` tokens at ``now``."""
+        held, gone = self.blocks[engine], self.removed.setdefault(engine, {})
+        for end in range(keep + BLOCK, len(tokens) + 1, BLOCK):
+            block = (namespace, tuple(tokens[:end]))
+            if block in held:
+                held.discard(block)
+                gone[block] = now
+
+    def cut_short(self, engine: str, prompt: tuple[Sequence[int], Hashable], tokens: int,
+                  since: float) -> bool:
+        toks, namespace = prompt
+        at = self.removed.get(engine, {}).get((namespace, tuple(toks[:tokens + BLOCK])))
+        return tokens + BLOCK <= len(toks) and at is not None and at >= since
 
     def store(self, engine: str, tokens: Sequence[int], namespace: Hashable = None) -> None:
         held = self.blocks.setdefault(engine, set())
@@ -378,3 +395,44 @@ def test_errors() -> None:
         PolicyConfig(name="fastest")
     with pytest.raises(ValueError):
         PolicyConfig(cache_threshold=1.5)
+
+
+def test_a_prefix_its_engine_is_evicting_counts_as_cold() -> None:
+    """vLLM frees a finished request's blocks tail first: a prefix whose next block its engine
+    just removed is being evicted, and the next prefill there takes the rest. Its holder, busy
+    with a prefill, would get the request as a hit; cut short, the prefix counts as cold."""
+    prompt = list(range(1000, 1160))
+    now = 100.0
+    loads = [EngineLoad("a", in_flight=1, pending_prefill_tokens=100), EngineLoad("b")]
+
+    def decide(removed_at: float | None, **kw: float) -> Decision:
+        policy, index = _policy(**kw)
+        if removed_at is None:  # the prompt goes on differently: its own tail never ran here
+            index.store("a", prompt[:96])
+        else:
+            index.store("a", prompt)
+            index.evict("a", prompt, 96, removed_at)
+        return policy.choose(prompt, None, loads, now)
+
+    assert decide(None) == Decision("a", 96, "prefix_hit")
+    assert decide(now - 1.0) == Decision("b", 0, "cold")
+    assert decide(now - 6.0) == Decision("a", 96, "prefix_hit")  # before eviction_window (5 s)
+    assert decide(now - 1.0, eviction_window=0.0) == Decision("a", 96, "prefix_hit")  # off
+    # Alone, the holder gets it, its prefill counted whole (the dispatcher's uncached tokens).
+    policy, index = _policy()
+    index.store("a", prompt)
+    index.evict("a", prompt, 96, now)
+    assert policy.choose(prompt, None, loads[:1], now) == Decision("a", 0, "cold")
+    # Another engine's whole prefix is a hit as before.
+    policy, index = _policy()
+    index.store("a", prompt)
+    index.evict("a", prompt, 96, now)
+    index.store("b", prompt)
+    assert policy.choose(prompt, None, loads, now) == Decision("b", 159, "prefix_hit")
+
+
+def test_the_eviction_window_is_checked() -> None:
+    with pytest.raises(ValueError, match="eviction_window"):
+        PolicyConfig(eviction_window=float("nan"))
+    with pytest.raises(ValueError, match="eviction_window"):
+        PolicyConfig(eviction_window=-1.0)

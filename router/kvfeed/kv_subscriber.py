@@ -409,7 +409,7 @@ class KVSubscriber:
             )
         elif isinstance(ev, BlockRemoved):
             sink.apply_removed(
-                engine, ev.block_hashes, group_idx=ev.group_idx, medium=ev.medium
+                engine, ev.block_hashes, group_idx=ev.group_idx, medium=ev.medium, now=now
             )
         elif isinstance(ev, AllBlocksCleared):
             sink.apply_cleared(engine)
