@@ -47,8 +47,9 @@ DEVICE_MEDIA = frozenset({None, "GPU"})
 
 BlockHash = bytes | int
 # Removed blocks remembered per engine (by key, with the time), for ``cut_short``: an engine of
-# 2048 blocks under bench/compare.py's cache pressure removes ~300 a second.
-REMOVED_MEMORY = 8192
+# 2048 blocks under bench/compare.py's cache pressure removes ~300 a second, so these cover the
+# policy's 5 s window there, for ~150 KB an engine (the key objects are the ones dropped).
+REMOVED_MEMORY = 2048
 
 
 class Match(NamedTuple):
