@@ -90,7 +90,8 @@ class OraclePolicy(Policy):
         self.engines = engines
 
     def _predicted_cached(self, tokens: Sequence[int], namespace: Hashable,
-                          now: float, prompt: object = None) -> dict[str, int]:
+                          now: float, prompt: object = None,
+                          loads: Sequence[object] = ()) -> dict[str, int]:
         out = {}
         cap = max(len(tokens) - 1, 0)
         for name, engine in self.engines.items():

@@ -399,8 +399,8 @@ def test_errors() -> None:
 
 def test_a_prefix_its_engine_is_evicting_counts_as_cold() -> None:
     """vLLM frees a finished request's blocks tail first: a prefix whose next block its engine
-    just removed is being evicted, and the next prefill there takes the rest. Its holder, busy
-    with a prefill, would get the request as a hit; cut short, the prefix counts as cold."""
+    just removed is being evicted, and the next prefill there takes the rest. Its holder, with a
+    prefill queued, would get the request as a hit; cut short, the prefix counts as cold."""
     prompt = list(range(1000, 1160))
     now = 100.0
     loads = [EngineLoad("a", in_flight=1, pending_prefill_tokens=100), EngineLoad("b")]
@@ -418,6 +418,13 @@ def test_a_prefix_its_engine_is_evicting_counts_as_cold() -> None:
     assert decide(now - 1.0) == Decision("b", 0, "cold")
     assert decide(now - 6.0) == Decision("a", 96, "prefix_hit")  # before eviction_window (5 s)
     assert decide(now - 1.0, eviction_window=0.0) == Decision("a", 96, "prefix_hit")  # off
+    # A holder with no prefill queued (decoding only) schedules this request before any new
+    # prefill evicts the rest: a hit there.
+    policy, index = _policy()
+    index.store("a", prompt)
+    index.evict("a", prompt, 96, now)
+    idle = [EngineLoad("a", in_flight=1), EngineLoad("b")]
+    assert policy.choose(prompt, None, idle, now) == Decision("a", 96, "prefix_hit")
     # Alone, the holder gets it, its prefill counted whole (the dispatcher's uncached tokens).
     policy, index = _policy()
     index.store("a", prompt)

@@ -86,13 +86,14 @@ class PolicyConfig:
     # remnants that LRU eviction leaves on many engines would scatter a tenant across them.
     min_hit_fraction: float = 0.5
     # A cached prefix whose next block its engine removed within the last eviction_window
-    # seconds counts as none there (0 = off). vLLM frees a finished request's blocks tail first,
-    # so a prefix cut short by eviction is evicted from its end and what is left of it goes next:
-    # the next prefill scheduled there, often before this request, takes it (the index hears of
-    # it with that step's events, after the step). In bench/compare.py's pressure, predictions
-    # of a prefix cut short found nothing in 29 of 62 cases (whole prefixes: 6 of 2042), and
-    # those unplanned cold prefills, on engines chosen as holders while busy, made the TTFT
-    # tail. As cold, the prompt still returns to its engine while that is not busy with others.
+    # seconds counts as none there while a prefill is queued there (0 = off). vLLM frees a
+    # finished request's blocks tail first, so a prefix cut short by eviction is evicted from its
+    # end and what is left of it goes next: that queued prefill, scheduled before this request,
+    # takes it (the index hears of it with that step's events, after the step). In
+    # bench/compare.py's pressure, predictions of a prefix cut short found nothing in 29 of 62
+    # cases (whole prefixes: 6 of 2042), and those unplanned cold prefills, on holders chosen
+    # while busy, made the TTFT tail. As cold, the prompt still returns to its engine while that
+    # is not busy with others. A holder with no prefill queued keeps the hit.
     eviction_window: float = 5.0
     # How long a routed-but-not-yet-confirmed prefix counts as cached on its engine.
     optimistic_ttl: float = 10.0
@@ -190,7 +191,7 @@ class Policy:
             raise NoEngineError("no healthy engine with free capacity")
         ordered = sorted(loads, key=lambda load: load.engine)  # determinism across callers
         prompt = self.index.prepare(tokens, namespace)
-        cached = self._predicted_cached(tokens, namespace, now, prompt)
+        cached = self._predicted_cached(tokens, namespace, now, prompt, loads)
         name = self.config.name
         if name == "cache_aware":
             load, reason = self._cache_aware(tokens, cached, ordered, holders)
@@ -314,16 +315,19 @@ class Policy:
         return min(near, key=lambda load: (last.get(load.engine, 0), load.work(rt)))
 
     def _predicted_cached(
-        self, tokens: Sequence[int], namespace: Hashable, now: float, prompt: Any
+        self, tokens: Sequence[int], namespace: Hashable, now: float, prompt: Any,
+        loads: Sequence[EngineLoad] = (),
     ) -> dict[str, int]:
         # vLLM always recomputes the last prompt token, so a full hit is at most len - 1.
         cap = max(len(tokens) - 1, 0)
         matches = self.index.match_keys(prompt, now)
         cached = {engine: min(m.optimistic_tokens, cap) for engine, m in matches.items()}
         window = self.config.eviction_window
-        if window > 0:  # a prefix its engine is evicting (PolicyConfig.eviction_window)
+        if window > 0:  # a prefix its engine is evicting, before a prefill (PolicyConfig)
+            busy = {load.engine for load in loads if load.pending_prefill_tokens}
             for engine, m in matches.items():
                 hit = m.optimistic_tokens
-                if 0 < hit < cap and self.index.cut_short(engine, prompt, hit, now - window):
+                if (0 < hit < cap and engine in busy
+                        and self.index.cut_short(engine, prompt, hit, now - window)):
                     cached[engine] = 0
         return cached
