@@ -18,10 +18,9 @@ Layout (memory is the constraint: millions of blocks, <= 200 bytes each):
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, islice
 from typing import Any, NamedTuple
 
 from radix.keys import KEY_MASK, KeySpace, token_array
@@ -317,7 +316,7 @@ class PrefixIndex:
                 removed[key] = now
         self.stats.removed_blocks += dropped
         if len(removed) > REMOVED_MEMORY:
-            for key in list(itertools.islice(removed, len(removed) - REMOVED_MEMORY)):
+            for key in list(islice(removed, len(removed) - REMOVED_MEMORY)):
                 del removed[key]
         return dropped
 
