@@ -399,7 +399,7 @@ def test_errors() -> None:
 
 def test_a_prefix_its_engine_is_evicting_counts_as_cold() -> None:
     """vLLM frees a finished request's blocks tail first: a prefix whose next block its engine
-    just removed is being evicted, and the next prefill there takes the rest. Its holder, with a
+    just removed is being evicted, and the prefill queued there takes the rest. Its holder, with a
     prefill queued, would get the request as a hit; cut short, the prefix counts as cold."""
     prompt = list(range(1000, 1160))
     now = 100.0
