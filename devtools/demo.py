@@ -36,8 +36,12 @@ def _show(title: str, engine_route: str | None, text: str, usage: Any) -> None:
 def run_requests(base_url: str, model: str) -> None:
     from openai import OpenAI
 
+    with OpenAI(base_url=f"{base_url}/v1", api_key="demo", max_retries=0) as client:
+        _tour(client, model)
+
+
+def _tour(client: Any, model: str) -> None:
     # Any: the demo passes plain dicts, which the SDK's overloads cannot narrow.
-    client: Any = OpenAI(base_url=f"{base_url}/v1", api_key="demo", max_retries=0)
     messages = [{"role": "system", "content": SYSTEM * 4},
                 {"role": "user", "content": "Say hello to the cache."}]
     raw = client.chat.completions.with_raw_response.create(

@@ -16,7 +16,8 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-pytest_plugins = ["tests.engines", "tests.vllm_serve", "tests.parity_report"]
+pytest_plugins = ["tests.engines", "tests.vllm_serve", "tests.parity_report",
+                  "tests.openai_clients"]
 
 # Under pytest-xdist (./dev test runs two workers) tests are sent to the workers by group: every
 # test that uses the session's real vLLM processes (tests/engines.py, tests/vllm_serve.py), or

@@ -30,8 +30,9 @@ MODEL = "Qwen/Qwen3-0.6B"
 class Rig:
     """A router (one configured engine, ``engine-0``) with a reconciler on its loop."""
 
-    def __init__(self, c: LocalCluster, kube: FakeKube, tmp: Path, max_engines: int) -> None:
-        self.c, self.kube = c, kube
+    def __init__(self, c: LocalCluster, kube: FakeKube, http: httpx.Client, tmp: Path,
+                 max_engines: int) -> None:
+        self.c, self.kube, self.http = c, kube, http
         self.joined: list[tuple[str, str]] = []  # (engine, url) as the reconciler joined them
         opts = KubernetesOptions(selector="app=engine", port="http", retry_min=0.01,
                                  kubeconfig=str(kube.kubeconfig(tmp / "kc")))
@@ -72,22 +73,23 @@ class Rig:
 def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
     max_engines = getattr(request, "param", 64)
     opts = ClusterOptions(engines=1, sim={"step_time": 0.01})
-    with FakeKube() as kube, LocalCluster(opts) as c:
-        r = Rig(c, kube, tmp_path, max_engines)
+    with FakeKube() as kube, LocalCluster(opts) as c, \
+            httpx.Client(base_url=c.base_url, timeout=60) as http:
+        r = Rig(c, kube, http, tmp_path, max_engines)
         try:
             yield r
         finally:
             r.close()
 
 
-def _stream(c: LocalCluster, engine_wanted: str | None = None) -> tuple[Any, Any, str]:
-    http = httpx.Client(base_url=c.base_url, timeout=60)
+def _stream(rig: Rig) -> tuple[Any, str]:
+    """A stream opened on the rig's client (closed with it if the test fails first)."""
     body = {"model": MODEL, "prompt": "a long one", "max_tokens": 120, "stream": True,
             "ignore_eos": True}
-    cm = http.stream("POST", "/v1/completions", json=body)
+    cm = rig.http.stream("POST", "/v1/completions", json=body)
     stream = cm.__enter__()
     engine = stream.headers["x-kvroute-route"].split(";")[0].removeprefix("engine=")
-    return http, (cm, stream), engine
+    return (cm, stream), engine
 
 
 def _lines(handle: Any) -> list[str]:
@@ -107,18 +109,17 @@ def test_pods_join_and_a_deleted_pod_drains_its_open_stream(rig: Rig) -> None:
     # A stream on p0 (the configured engine-0 is made unavailable to the policy by draining
     # it for the length of the open; it is taken back at once).
     c.state.dispatcher.draining.add("engine-0")
-    http, handle, engine = _stream(c)
+    handle, engine = _stream(rig)
     c.state.dispatcher.draining.discard("engine-0")
     assert engine == "p0"
     kube.delete_pod("p0")
     eventually(lambda: "p0" in c.state.dispatcher.draining)
-    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "new", "max_tokens": 2})
+    r = rig.http.post("/v1/completions", json={"model": MODEL, "prompt": "new", "max_tokens": 2})
     assert r.status_code == 200 and r.headers["x-kvroute-route"].startswith("engine=engine-0;")
     lines = _lines(handle)
     assert lines[-1] == "data: [DONE]" and not any('"error"' in ln for ln in lines)
     eventually(lambda: rig.rec.counters.removed == 1)
     assert "p0" not in c.state.client.engines and rig.serving() == {}
-    http.close()
 
 
 def test_a_moved_pod_is_a_new_engine_while_the_old_drains(rig: Rig) -> None:
@@ -126,7 +127,7 @@ def test_a_moved_pod_is_a_new_engine_while_the_old_drains(rig: Rig) -> None:
     kube.add_pod("p0", "127.0.0.2")
     rig.start("p0")
     c.state.dispatcher.draining.add("engine-0")
-    http, handle, engine = _stream(c)
+    handle, engine = _stream(rig)
     assert engine == "p0"
     kube.update_pod("p0", ip="127.0.0.7")  # recreated elsewhere
     rig.start("p0~2")  # the old one still drains under its name
@@ -137,7 +138,6 @@ def test_a_moved_pod_is_a_new_engine_while_the_old_drains(rig: Rig) -> None:
     assert lines[-1] == "data: [DONE]"
     eventually(lambda: "p0" not in c.state.client.engines)
     assert rig.serving() == {"p0": "p0~2"}
-    http.close()
 
 
 def test_not_ready_drains_and_a_flap_takes_the_engine_back(rig: Rig) -> None:
@@ -145,7 +145,7 @@ def test_not_ready_drains_and_a_flap_takes_the_engine_back(rig: Rig) -> None:
     kube.add_pod("p0", "127.0.0.2")
     rig.start("p0")
     c.state.dispatcher.draining.add("engine-0")
-    http, handle, engine = _stream(c)
+    handle, engine = _stream(rig)
     assert engine == "p0"
     kube.update_pod("p0", ready=False)
     eventually(lambda: "p0" in c.state.dispatcher.draining)
@@ -158,7 +158,6 @@ def test_not_ready_drains_and_a_flap_takes_the_engine_back(rig: Rig) -> None:
     eventually(lambda: rig.rec.counters.removed == 1)
     assert "p0" not in c.state.client.engines
     assert rig.joined == [("p0", "http://127.0.0.2:8000")]
-    http.close()
 
 
 @pytest.mark.parametrize("rig", [2], indirect=True)

@@ -29,10 +29,11 @@ def test_demo_prints_where_it_serves_answers_an_openai_client_and_stops_on_ctrl_
         assert "(policy cache_aware" in demo.text
         assert "reason=prefix_hit" in demo.text  # the tour's second request found the cache
         demo.drain()
-        client: Any = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-        answer = client.chat.completions.create(
-            model="Qwen/Qwen3-0.6B", max_tokens=12,
-            messages=[{"role": "user", "content": "Is anybody there?"}])
+        client: Any
+        with OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0) as client:
+            answer = client.chat.completions.create(
+                model="Qwen/Qwen3-0.6B", max_tokens=12,
+                messages=[{"role": "user", "content": "Is anybody there?"}])
         # Sampled (the model's default temperature): the mark carries a tag of the sample.
         assert re.match(r"\(simulated #[0-9a-f]{4}\) Is anybody there\?",
                         answer.choices[0].message.content)

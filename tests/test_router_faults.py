@@ -15,6 +15,7 @@ import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Control, Limits
+from tests.openai_clients import OpenAIClient
 from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
@@ -36,9 +37,8 @@ def proc_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.mark.slow
-def test_engine_killed_mid_run(proc_cluster: LocalCluster) -> None:
-    client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
-                           timeout=30)
+def test_engine_killed_mid_run(proc_cluster: LocalCluster, openai_client: OpenAIClient) -> None:
+    client = openai_client(proc_cluster.base_url, timeout=30)
     # Not resumed on the other engine (tests/test_router_resume.py): the error event stays.
     with client.chat.completions.with_streaming_response.create(
             **_chat("long one", 2000), stream=True,
@@ -66,15 +66,15 @@ def test_engine_killed_mid_run(proc_cluster: LocalCluster) -> None:
 
 
 @pytest.mark.slow
-def test_no_token_request_is_retried_on_another_engine(proc_cluster: LocalCluster) -> None:
+def test_no_token_request_is_retried_on_another_engine(proc_cluster: LocalCluster,
+                                                        openai_client: OpenAIClient) -> None:
     victim = proc_cluster.names[0]
     proc = proc_cluster.procs[victim]
     # Hung (SIGSTOP): its connections stay up and the router has not noticed; prompts that land
     # on it fail before their first token (its silence deadline) and are retried on the other.
     os.kill(proc.pid, signal.SIGSTOP)
     st = proc_cluster.state
-    client = openai.OpenAI(base_url=f"{proc_cluster.base_url}/v1", api_key="x", max_retries=0,
-                           timeout=30)
+    client = openai_client(proc_cluster.base_url, timeout=30)
     try:
         for i in range(4):
             chat = client.chat.completions.create(**_chat(f"retry me {i}", 4))

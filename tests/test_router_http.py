@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Control, Frontend
 from router.link.http_state import HttpEngineState
+from tests.openai_clients import OpenAIClient
 from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
@@ -57,8 +57,9 @@ def test_pods_are_linked_over_http(cluster: LocalCluster) -> None:
     eventually(lambda: all(e.fresh_load is not None for e in st.client.engines.values()))
 
 
-def test_chat_and_completions_stream_and_not(cluster: LocalCluster) -> None:
-    client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0)
+def test_chat_and_completions_stream_and_not(cluster: LocalCluster,
+                                             openai_client: OpenAIClient) -> None:
+    client = openai_client(cluster.base_url)
     chat = client.chat.completions.create(**_chat("Hello there!", 12, temperature=0))
     text = chat.choices[0].message.content or ""
     assert chat.choices[0].finish_reason == "length" and "Hello there!" in text
@@ -72,9 +73,10 @@ def test_chat_and_completions_stream_and_not(cluster: LocalCluster) -> None:
     assert all(1 <= len(top) <= 3 for top in lp.top_logprobs)
 
 
-def test_stop_strings_are_the_routers(cluster: LocalCluster) -> None:
+def test_stop_strings_are_the_routers(cluster: LocalCluster,
+                                      openai_client: OpenAIClient) -> None:
     """The pod never sees a stop string: the router ends the choice and aborts the pod."""
-    client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0)
+    client = openai_client(cluster.base_url)
     full = client.chat.completions.create(**_chat("alpha beta gamma", 30, temperature=0))
     text = full.choices[0].message.content or ""
     stop = "gamma"
@@ -87,8 +89,9 @@ def test_stop_strings_are_the_routers(cluster: LocalCluster) -> None:
     eventually(lambda: all(not e.in_flight for e in st.client.engines.values()))
 
 
-def test_shared_prefix_is_routed_to_its_pod_and_reported_cached(cluster: LocalCluster) -> None:
-    client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0)
+def test_shared_prefix_is_routed_to_its_pod_and_reported_cached(
+        cluster: LocalCluster, openai_client: OpenAIClient) -> None:
+    client = openai_client(cluster.base_url)
     first = client.chat.completions.with_raw_response.create(**_chat(LONG + "first", 4))
     engine = _engine(first.headers["x-kvroute-route"])
     st = cluster.state
@@ -160,13 +163,13 @@ def test_pod_refusing_a_request_is_the_clients_error() -> None:
         assert http.post("/v1/chat/completions", json=_chat("short", 4)).status_code == 200
 
 
-def test_a_fleet_mixing_zmq_and_http_engines() -> None:
+def test_a_fleet_mixing_zmq_and_http_engines(openai_client: OpenAIClient) -> None:
     opts = ClusterOptions(engines=2, transport="mixed", sim={"step_time": 0.005})
     with LocalCluster(opts) as c:
         st = c.state
         assert not st.client.engines["engine-0"].spec.is_http
         assert st.client.engines["engine-1"].spec.is_http
-        client = openai.OpenAI(base_url=f"{c.base_url}/v1", api_key="x", max_retries=0)
+        client = openai_client(c.base_url)
         seen = set()
         for i in range(8):
             raw = client.chat.completions.with_raw_response.create(

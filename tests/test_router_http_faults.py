@@ -14,6 +14,7 @@ import pytest
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import Limits
 from router.link.engine_state import EngineStatus
+from tests.openai_clients import OpenAIClient
 from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
@@ -35,9 +36,8 @@ def pods() -> Iterator[LocalCluster]:
 
 
 @pytest.mark.slow
-def test_pod_killed_mid_stream(pods: LocalCluster) -> None:
-    client = openai.OpenAI(base_url=f"{pods.base_url}/v1", api_key="x", max_retries=0,
-                           timeout=30)
+def test_pod_killed_mid_stream(pods: LocalCluster, openai_client: OpenAIClient) -> None:
+    client = openai_client(pods.base_url, timeout=30)
     # Not resumed on the other pod (test_a_pod_killed_mid_stream_resumes_on_another): the
     # error event stays.
     with client.chat.completions.with_streaming_response.create(
@@ -67,14 +67,14 @@ def test_pod_killed_mid_stream(pods: LocalCluster) -> None:
 
 
 @pytest.mark.slow
-def test_no_token_request_is_retried_on_another_pod(pods: LocalCluster) -> None:
+def test_no_token_request_is_retried_on_another_pod(pods: LocalCluster,
+                                                     openai_client: OpenAIClient) -> None:
     victim = pods.names[0]
     st = pods.state
     pods.kill_engine(victim)
     # Until its monitor notices, the router still takes the dead pod for ready: prompts placed
     # there fail to connect before any token and are retried on the other pod.
-    client = openai.OpenAI(base_url=f"{pods.base_url}/v1", api_key="x", max_retries=0,
-                           timeout=30)
+    client = openai_client(pods.base_url, timeout=30)
     for i in range(4):
         chat = client.chat.completions.create(**_chat(f"retry me {i}", 4))
         assert chat.choices[0].finish_reason == "length"

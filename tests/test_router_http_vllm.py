@@ -22,6 +22,7 @@ from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import EngineSpec
 from router.link.http_state import parse_block_size, parse_load
 from tests.engines import MAX_MODEL_LEN, TINY_MODEL
+from tests.openai_clients import OpenAIClient
 from tests.vllm_serve import SERVED_NAME, VllmServe
 from tests.waits import eventually
 
@@ -41,11 +42,10 @@ def router(vllm_serve: VllmServe) -> Iterator[LocalCluster]:
         yield c
 
 
-def _clients(router: LocalCluster, pod: VllmServe) -> tuple[openai.OpenAI, openai.OpenAI]:
-    via = openai.OpenAI(base_url=f"{router.base_url}/v1", api_key="x", max_retries=0,
-                        timeout=120)
-    direct = openai.OpenAI(base_url=f"{pod.base_url}/v1", api_key="x", max_retries=0,
-                           timeout=120)
+def _clients(make: OpenAIClient, router: LocalCluster,
+             pod: VllmServe) -> tuple[openai.OpenAI, openai.OpenAI]:
+    via = make(router.base_url, timeout=120)
+    direct = make(pod.base_url, timeout=120)
     return via, direct
 
 
@@ -54,8 +54,9 @@ def _chat(content: str, **kw: Any) -> dict[str, Any]:
             "max_tokens": 12, "temperature": 0, **kw}
 
 
-def test_greedy_chat_equals_vllm_serve(router: LocalCluster, vllm_serve: VllmServe) -> None:
-    via, direct = _clients(router, vllm_serve)
+def test_greedy_chat_equals_vllm_serve(router: LocalCluster, vllm_serve: VllmServe,
+                                       openai_client: OpenAIClient) -> None:
+    via, direct = _clients(openai_client, router, vllm_serve)
     body = _chat("Name three colours of the sea.")
     want = direct.chat.completions.create(**body)
     got = via.chat.completions.create(**body)
@@ -69,9 +70,9 @@ def test_greedy_chat_equals_vllm_serve(router: LocalCluster, vllm_serve: VllmSer
     assert text == want.choices[0].message.content
 
 
-def test_greedy_completions_equal_vllm_serve(router: LocalCluster,
-                                             vllm_serve: VllmServe) -> None:
-    via, direct = _clients(router, vllm_serve)
+def test_greedy_completions_equal_vllm_serve(router: LocalCluster, vllm_serve: VllmServe,
+                                             openai_client: OpenAIClient) -> None:
+    via, direct = _clients(openai_client, router, vllm_serve)
     body: dict[str, Any] = {"model": SERVED_NAME, "prompt": "The harbour at dawn",
                             "max_tokens": 10, "temperature": 0, "logprobs": 2}
     want = direct.completions.create(**body)
@@ -89,8 +90,8 @@ def test_greedy_completions_equal_vllm_serve(router: LocalCluster,
 
 
 def test_shared_prefix_hits_the_pods_cache_and_the_index_heard_it(
-        router: LocalCluster, vllm_serve: VllmServe) -> None:
-    via, _ = _clients(router, vllm_serve)
+        router: LocalCluster, vllm_serve: VllmServe, openai_client: OpenAIClient) -> None:
+    via, _ = _clients(openai_client, router, vllm_serve)
     st = router.state
     before = st.kv.counters("pod").batches
     via.completions.create(model=SERVED_NAME, prompt=SHARED + " first", max_tokens=2)

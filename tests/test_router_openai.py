@@ -31,8 +31,10 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def client(cluster: LocalCluster) -> Any:
-    return OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+def client(cluster: LocalCluster) -> Iterator[Any]:
+    with OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0,
+                timeout=60) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from openai import OpenAI
 
 from devtools.cluster import ClusterOptions, LocalCluster
+from tests.openai_clients import OpenAIClient
 from tests.render_proc import render_server
 
 MODEL = "Qwen/Qwen3-0.6B"
 
 
-def test_remote_render_gives_the_same_answers() -> None:
+def test_remote_render_gives_the_same_answers(openai_client: OpenAIClient) -> None:
     body: dict[str, Any] = {
         "model": MODEL, "max_tokens": 12, "seed": 4,
         "messages": [{"role": "system", "content": "Be brief."},
@@ -23,7 +23,7 @@ def test_remote_render_gives_the_same_answers() -> None:
         for render_url in (None, url):
             opts = ClusterOptions(engines=1, render_url=render_url)
             with LocalCluster(opts) as c:
-                client = OpenAI(base_url=f"{c.base_url}/v1", api_key="x", max_retries=0)
+                client = openai_client(c.base_url)
                 chat = client.chat.completions.create(**body)
                 assert chat.usage is not None
                 answers.append((chat.choices[0].message.content, chat.usage.prompt_tokens))

@@ -32,8 +32,10 @@ def cluster(vllm_engine: EngineProc) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def client(cluster: LocalCluster) -> Any:
-    return OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+def client(cluster: LocalCluster) -> Iterator[Any]:
+    with OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0,
+                timeout=120) as c:
+        yield c
 
 
 def test_chat_and_completion_on_real_vllm(cluster: LocalCluster, client: Any) -> None:

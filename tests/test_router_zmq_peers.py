@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import EngineSpec, Frontend, LinkConfig
 from router.link.engine_state import EngineState
 from sim.launch import spawn_sim_engine
+from tests.openai_clients import OpenAIClient
 from tests.waits import eventually
 
 MODEL = "Qwen/Qwen3-0.6B"
@@ -68,15 +68,14 @@ def _chat(user: str, **kw: Any) -> dict[str, Any]:
 
 
 def test_both_routers_serve_through_one_engine(
-        two_routers: tuple[LocalCluster, LocalCluster]) -> None:
+        two_routers: tuple[LocalCluster, LocalCluster], openai_client: OpenAIClient) -> None:
     owner, peer = two_routers
     results: dict[str, str] = {}
     failures: list[BaseException] = []
 
     def ask(cluster: LocalCluster, tag: str) -> None:
         try:
-            client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x",
-                                   max_retries=0, timeout=60)
+            client = openai_client(cluster.base_url, timeout=60)
             stream = client.chat.completions.create(**_chat(f"{tag} says hi"), stream=True)
             results[tag] = "".join(c.choices[0].delta.content or "" for c in stream
                                    if c.choices)
@@ -102,15 +101,15 @@ def test_both_routers_serve_through_one_engine(
 
 
 def test_both_indexes_follow_the_engines_kv_events(
-        two_routers: tuple[LocalCluster, LocalCluster]) -> None:
+        two_routers: tuple[LocalCluster, LocalCluster], openai_client: OpenAIClient) -> None:
     owner, peer = two_routers
     long = "the harbour lights at dawn " * 30
-    client = openai.OpenAI(base_url=f"{owner.base_url}/v1", api_key="x", max_retries=0)
+    client = openai_client(owner.base_url)
     client.chat.completions.create(**_chat(long + "first"))
     for cluster in (owner, peer):
         st = cluster.state
         eventually(lambda st=st: st.index.engine_blocks("e0") > 0)
-    via_peer = openai.OpenAI(base_url=f"{peer.base_url}/v1", api_key="x", max_retries=0)
+    via_peer = openai_client(peer.base_url)
     raw = via_peer.chat.completions.with_raw_response.create(**_chat(long + "second"))
     assert "prefix_hit" in raw.headers["x-kvroute-route"]
     usage = raw.parse().usage

@@ -18,13 +18,13 @@ import subprocess
 import threading
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 from devtools.cluster import ClusterOptions, LocalCluster
 from router.config import EngineSpec, Frontend, LinkConfig
 from router.link.engine_state import EngineState
 from tests.engines import MAX_MODEL_LEN, TINY_MODEL, VLLM_START_TIMEOUT, VLLM_VENV
+from tests.openai_clients import OpenAIClient
 from tests.vllm_serve import SERVED_NAME
 from tests.waits import eventually
 
@@ -81,15 +81,15 @@ def routers(tmp_path_factory: pytest.TempPathFactory
         log.close()
 
 
-def test_two_routers_share_one_real_engine(routers: tuple[LocalCluster, LocalCluster]) -> None:
+def test_two_routers_share_one_real_engine(routers: tuple[LocalCluster, LocalCluster],
+                                           openai_client: OpenAIClient) -> None:
     owner, peer = routers
     answers: dict[str, str] = {}
     failures: list[BaseException] = []
 
     def ask(cluster: LocalCluster, tag: str) -> None:
         try:
-            client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x",
-                                   max_retries=0, timeout=120)
+            client = openai_client(cluster.base_url, timeout=120)
             done = client.completions.create(model=SERVED_NAME, prompt=f"{tag} the sea",
                                              max_tokens=8, temperature=0,
                                              extra_body={"ignore_eos": True})
@@ -114,20 +114,20 @@ def test_two_routers_share_one_real_engine(routers: tuple[LocalCluster, LocalClu
     prompt = "The harbour at dawn " * 8
     texts = []
     for cluster in (owner, peer):
-        client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0)
+        client = openai_client(cluster.base_url)
         texts.append(client.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=10,
                                                temperature=0).choices[0].text)
     assert texts[0] == texts[1]
 
 
 def test_the_peer_routes_by_the_engines_kv_events(
-        routers: tuple[LocalCluster, LocalCluster]) -> None:
+        routers: tuple[LocalCluster, LocalCluster], openai_client: OpenAIClient) -> None:
     owner, peer = routers
     shared = "lighthouse " * 150  # past one 128-token block
-    client = openai.OpenAI(base_url=f"{owner.base_url}/v1", api_key="x", max_retries=0)
+    client = openai_client(owner.base_url)
     client.completions.create(model=SERVED_NAME, prompt=shared + "one", max_tokens=2)
     eventually(lambda: peer.state.index.engine_blocks("e0") > 0, timeout=60)
-    via_peer = openai.OpenAI(base_url=f"{peer.base_url}/v1", api_key="x", max_retries=0)
+    via_peer = openai_client(peer.base_url)
     raw = via_peer.completions.with_raw_response.create(model=SERVED_NAME,
                                                         prompt=shared + "two", max_tokens=2)
     assert "prefix_hit" in raw.headers["x-kvroute-route"]
