@@ -316,7 +316,7 @@ class Policy:
 
     def _predicted_cached(
         self, tokens: Sequence[int], namespace: Hashable, now: float, prompt: Any,
-        loads: Sequence[EngineLoad] = (),
+        loads: Sequence[EngineLoad],
     ) -> dict[str, int]:
         # vLLM always recomputes the last prompt token, so a full hit is at most len - 1.
         cap = max(len(tokens) - 1, 0)
@@ -324,10 +324,9 @@ class Policy:
         cached = {engine: min(m.optimistic_tokens, cap) for engine, m in matches.items()}
         window = self.config.eviction_window
         if window > 0:  # a prefix its engine is evicting, before a prefill (PolicyConfig)
-            busy = {load.engine for load in loads if load.pending_prefill_tokens}
-            for engine, m in matches.items():
-                hit = m.optimistic_tokens
-                if (0 < hit < cap and engine in busy
-                        and self.index.cut_short(engine, prompt, hit, now - window)):
-                    cached[engine] = 0
+            for load in loads:
+                hit = cached.get(load.engine, 0)
+                if (load.pending_prefill_tokens and 0 < hit < cap
+                        and self.index.cut_short(load.engine, prompt, hit, now - window)):
+                    cached[load.engine] = 0
         return cached
