@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import psutil  # noqa: E402
-from compare_anchors import Anchors, ensure_anchors  # noqa: E402
+from compare_anchors import Anchors  # noqa: E402
 from compare_client import run_in_process  # noqa: E402
 from compare_fleet import Fleet, SimTiming  # noqa: E402
 from compare_metrics import (  # noqa: E402
@@ -59,7 +59,14 @@ from compare_metrics import (  # noqa: E402
 from compare_render_time import RenderTime  # noqa: E402
 from compare_render_time import measure as measure_render_time  # noqa: E402
 from compare_report import markdown, plot  # noqa: E402
-from compare_routers import ANCHOR_ROUTERS, ROUTERS, Launch, Running, launch  # noqa: E402
+from compare_routers import (  # noqa: E402
+    ROUTERS,
+    Launch,
+    Running,
+    anchors_for,
+    launch,
+    router_names,
+)
 from compare_workloads import WORKLOADS, Spec, Workload, build, chat, text  # noqa: E402
 
 from bench.httpload import run_in_process as closed_loop  # noqa: E402
@@ -340,19 +347,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    routers = [r for r in a.routers.split(",") if r]
+    routers = router_names(a.routers)
     workloads = [w for w in a.workloads.split(",") if w]
-    rss_routers = [] if a.no_rss else [r for r in a.rss_routers.split(",") if r]
-    cpu_routers = [] if a.no_cpu else [r for r in a.cpu_routers.split(",") if r]
+    rss_routers = [] if a.no_rss else router_names(a.rss_routers)
+    cpu_routers = [] if a.no_cpu else router_names(a.cpu_routers)
     cpu_workloads = [w for w in a.cpu_workloads.split(",") if w] if cpu_routers else []
-    for r in (*routers, *rss_routers, *cpu_routers):
-        if r not in ROUTERS:
-            raise SystemExit(f"unknown router {r!r}; choose from {', '.join(ROUTERS)}")
     for w in (*workloads, *cpu_workloads):
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
-    every = (*routers, *rss_routers, *cpu_routers)
-    anchors = ensure_anchors() if any(r in ANCHOR_ROUTERS for r in every) else None
+    anchors = anchors_for((*routers, *rss_routers, *cpu_routers))
     logs = Path(a.logs) if a.logs else Path(tempfile.mkdtemp(prefix="kvroute-compare-"))
     logs.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")

@@ -31,7 +31,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import compare  # noqa: E402
 import compare_routers  # noqa: E402
-from compare_anchors import ensure_anchors  # noqa: E402
 from compare_fleet import Fleet, SimTiming  # noqa: E402
 from compare_render_time import RenderTime  # noqa: E402
 from compare_render_time import measure as measure_render_time  # noqa: E402
@@ -65,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     routers = {name: v.removeprefix("router:") for name, v in variants.items()
                if v.startswith("router:")}
-    wrong = [r for r in routers.values() if r not in compare_routers.ROUTERS]
-    if wrong:
-        p.error(f"router:{wrong[0]} is not one of {', '.join(compare_routers.ROUTERS)}")
-    anchors = (ensure_anchors() if any(r in compare_routers.ANCHOR_ROUTERS
-                                       for r in routers.values()) else None)
+    anchors = compare_routers.anchors_for(compare_routers.router_names(",".join(routers.values())))
 
     def launch(name: str, fleet: Fleet) -> Launch:
         if name in routers:

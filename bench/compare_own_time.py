@@ -29,11 +29,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import psutil  # noqa: E402
 from compare import MODEL, bring_up  # noqa: E402
-from compare_anchors import Anchors, ensure_anchors  # noqa: E402
+from compare_anchors import Anchors  # noqa: E402
 from compare_client import run_in_process  # noqa: E402
 from compare_fleet import Fleet, SimTiming  # noqa: E402
 from compare_metrics import cpu_seconds, scrape  # noqa: E402
-from compare_routers import ANCHOR_ROUTERS, ROUTERS, Running, launch  # noqa: E402
+from compare_routers import Running, anchors_for, launch, router_names  # noqa: E402
 from compare_workloads import chat, text  # noqa: E402
 
 WARM = 5  # requests before the measured ones: the router's first, and the engine's cache fill
@@ -89,11 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--gap", type=float, default=0.1, help="seconds between requests")
     a = p.parse_args(argv)
-    names = [r for r in a.routers.split(",") if r]
-    unknown = [r for r in names if r not in ROUTERS]
-    if unknown:
-        p.error(f"unknown router(s) {', '.join(unknown)}; choose from {', '.join(ROUTERS)}")
-    anchors = ensure_anchors() if any(r in ANCHOR_ROUTERS for r in names) else None
+    names = router_names(a.routers)
+    anchors = anchors_for(names)
     logs = Path(tempfile.mkdtemp(prefix="kvroute-own-time-"))
     chats = bodies(WARM + a.requests, a.prompt_tokens)
     fleet = Fleet.plan(1, MODEL, SimTiming(), logs)

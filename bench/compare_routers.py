@@ -21,10 +21,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from compare_anchors import Anchors
+from compare_anchors import Anchors, ensure_anchors
 from compare_fleet import KVROUTE, ROOT, Fleet, free_ports
 
 _HEALTHY = re.compile(r'^kvroute_engine_healthy\{[^}]*\} 1(?:\.0)?$', re.M)
@@ -32,6 +33,20 @@ ROUTERS = ("kvroute-http", "kvroute-zmq", "kvroute-rr", "sglang", "vllm-cache", 
            "oracle")
 KVROUTE_ROUTERS = ("kvroute-http", "kvroute-zmq", "kvroute-rr")
 ANCHOR_ROUTERS = ("sglang", "vllm-cache", "vllm-kv")
+
+
+def router_names(text: str) -> list[str]:
+    """A comma-separated list of routers, each one of ROUTERS (else SystemExit naming them)."""
+    names = [r for r in text.split(",") if r]
+    for r in names:
+        if r not in ROUTERS:
+            raise SystemExit(f"unknown router {r!r}; choose from {', '.join(ROUTERS)}")
+    return names
+
+
+def anchors_for(names: Iterable[str]) -> Anchors | None:
+    """The anchors' installs (bench/compare_anchors.py) if any of ``names`` is an anchor."""
+    return ensure_anchors() if any(r in ANCHOR_ROUTERS for r in names) else None
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import psutil  # noqa: E402
 from compare import MODEL, bring_up  # noqa: E402
-from compare_anchors import ensure_anchors  # noqa: E402
 from compare_fleet import Fleet, SimTiming  # noqa: E402
 from compare_metrics import cpu_seconds  # noqa: E402
-from compare_routers import ANCHOR_ROUTERS, ROUTERS, Running, launch  # noqa: E402
+from compare_routers import Running, anchors_for, launch, router_names  # noqa: E402
 
 
 def idle(fleet: Fleet, seconds: float, pid: int | None = None) -> tuple[float, float]:
@@ -45,11 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args(argv)
-    routers = [r for r in a.routers.split(",") if r]
-    unknown = [r for r in routers if r not in ROUTERS]
-    if unknown:
-        p.error(f"unknown routers {unknown} (known: {', '.join(ROUTERS)})")
-    anchors = ensure_anchors() if any(r in ANCHOR_ROUTERS for r in routers) else None
+    routers = router_names(a.routers)
+    anchors = anchors_for(routers)
     logs = Path(tempfile.mkdtemp(prefix="kvroute-idle-"))
     fleet = Fleet.plan(a.engines, MODEL, SimTiming(), logs, zmq=True, render_work="vllm")
     try:
